@@ -1,0 +1,73 @@
+// jax-gmma: the Python-free C++ interface of the CUDA kernel library.
+//
+// A GEMM problem is described in *user* coordinates:
+//   D[m, n] = a_scale[m or 0] * b_scale[n or 0] * sum_k A[m, k] * B[n, k]  (+ bias[n])
+// A is (M, K) and B is (N, K), both K-major (row-major with K contiguous), D is (M, N)
+// row-major. Kernels may internally compute the transposed product ("swap AB") for
+// small M; that is a property of the kernel config, invisible at this interface.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+namespace jax_gmma {
+
+// Element types crossing the boundary. Values match nothing external on purpose:
+// the FFI layer maps XLA dtypes to these.
+enum class DType : int32_t { kF8E4M3 = 0, kF8E5M2 = 1, kBF16 = 2, kF16 = 3, kF32 = 4 };
+
+const char* dtype_name(DType t);
+
+struct GemmArgs {
+  int64_t m = 0, n = 0, k = 0;
+  const void* a = nullptr;        // (M, K) fp8, K contiguous
+  const void* b = nullptr;        // (N, K) fp8, K contiguous
+  const float* a_scale = nullptr; // (M,) if a_scale_per_row else (1,)
+  const float* b_scale = nullptr; // (N,) if b_scale_per_col else (1,)
+  bool a_scale_per_row = false;
+  bool b_scale_per_col = false;
+  const void* bias = nullptr;     // (N,) in the output dtype, or nullptr
+  void* d = nullptr;              // (M, N) row-major
+  void* workspace = nullptr;      // device scratch, >= workspace_size() bytes
+  size_t workspace_bytes = 0;
+  int32_t splits = 1;             // K splits for stream-K/split-K configs (1 = none)
+  int32_t sm_count = 0;           // SMs the persistent/stream-K schedulers spread over
+  int32_t device = 0;             // CUDA device ordinal (for the hardware info)
+};
+
+// One compiled kernel: a (config, A dtype, B dtype, D dtype) combination.
+struct KernelEntry {
+  const char* config;  // config name, e.g. "sm90_fp8_tensorwise_128x256x128_c2x1_coop_2lvl"
+  DType a, b, d;
+  // Host-only checks (no device needed): CUTLASS can_implement for the problem.
+  // Returns nullptr when implementable, else a static message.
+  const char* (*can_implement)(const GemmArgs&);
+  size_t (*workspace_size)(const GemmArgs&);
+  // One-time per-device setup (shared-memory attribute). Not a stream operation.
+  cudaError_t (*prepare)();
+  // Enqueue on `stream`: workspace init (memset) if needed, then the kernel.
+  // Does nothing that CUDA stream capture forbids.
+  cudaError_t (*run)(const GemmArgs&, cudaStream_t stream);
+  int32_t smem_bytes;
+  int32_t threads;
+};
+
+// The table of kernels built into this library (empty when built without sm_90a).
+const KernelEntry* kernel_table(int* count);
+
+// Finds a kernel; nullptr if absent.
+const KernelEntry* find_kernel(const char* config, DType a, DType b, DType d);
+
+// Runs entry->prepare() once per (entry, device); cheap afterwards. Thread-safe.
+cudaError_t ensure_prepared(const KernelEntry* entry, int device);
+
+// Prepares every kernel on `device` (restoring the current device). Returns nullptr on
+// success, else a message (valid until the next call on this thread). Call outside capture.
+const char* prepare_device(int device);
+
+// Comma-separated list of CUDA archs compiled in (e.g. "sm_90a").
+const char* built_archs();
+
+}  // namespace jax_gmma

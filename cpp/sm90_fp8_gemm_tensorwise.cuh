@@ -1,0 +1,238 @@
+// Kernel family: Hopper (sm_90a) FP8 GEMM with per-tensor or per-row/per-column
+// ("tensorwise" / channel) float32 scales, optional bias, bf16/f16/f32 output.
+//
+// Built from CUTLASS 3.x collectives: TMA loads, warp-specialized wgmma (QGMMA) mainloop,
+// TMA-store epilogue with an epilogue visitor tree (EVT):
+//     D = cast( col_scale[m] * (row_scale[n] * acc) + bias )
+// Scales are read on the device; each scale vector's stride is a runtime bool
+// (CUTLASS "dynamic broadcast"), so one kernel serves per-tensor and per-row scales.
+//
+// A config is a struct of types; `Sm90Fp8Gemm<ElA, ElB, ElD, Cfg>` turns it into a kernel
+// and type-erased entry points (see gemm_api.h). Swap-AB configs compute D^T = B A^T so that
+// a small M becomes the kernel's N tile (decode): the weights then stream along the kernel's M.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/cutlass.h>
+#include <cutlass/numeric_types.h>
+#include <cutlass/gemm/device/gemm_universal_adapter.h>
+#include <cutlass/gemm/kernel/gemm_universal.hpp>
+#include <cutlass/gemm/collective/collective_builder.hpp>
+#include <cutlass/epilogue/collective/collective_builder.hpp>
+#include <cutlass/epilogue/fusion/sm90_callbacks_tma_warpspecialized.hpp>
+#include <cutlass/util/packed_stride.hpp>
+
+#include "jax_gmma/gemm_api.h"
+
+namespace jax_gmma::sm90 {
+
+using namespace cute;
+
+template <DType T> struct CutlassType;
+template <> struct CutlassType<DType::kF8E4M3> { using type = cutlass::float_e4m3_t; };
+template <> struct CutlassType<DType::kF8E5M2> { using type = cutlass::float_e5m2_t; };
+template <> struct CutlassType<DType::kBF16> { using type = cutlass::bfloat16_t; };
+template <> struct CutlassType<DType::kF16> { using type = cutlass::half_t; };
+template <> struct CutlassType<DType::kF32> { using type = float; };
+
+// ---------------------------------------------------------------------------------------
+// Configs. Names must match jax_gmma/configs.py (checked by a test when the library is built).
+// ---------------------------------------------------------------------------------------
+namespace sched = cutlass::gemm;
+namespace epi = cutlass::epilogue;
+
+template <class Tile_, class Cluster_, class Kernel_, class Epi_, class Scheduler_, bool kSwap_>
+struct Config {
+  using Tile = Tile_;
+  using Cluster = Cluster_;
+  using KernelSchedule = Kernel_;
+  using EpilogueSchedule = Epi_;
+  using TileScheduler = Scheduler_;
+  static constexpr bool kSwap = kSwap_;
+  static constexpr bool kStreamK = std::is_same_v<Scheduler_, cutlass::gemm::StreamKScheduler>;
+};
+
+using CfgL256Coop2l = Config<Shape<_128, _256, _128>, Shape<_2, _1, _1>,
+                             sched::KernelTmaWarpSpecializedCooperative,
+                             epi::TmaWarpSpecializedCooperative, void, false>;
+using CfgL256CoopFast = Config<Shape<_128, _256, _128>, Shape<_2, _1, _1>,
+                               sched::KernelTmaWarpSpecializedCooperativeFP8FastAccum,
+                               epi::TmaWarpSpecializedCooperative, void, false>;
+using CfgP128Pp2l = Config<Shape<_128, _128, _128>, Shape<_1, _2, _1>,
+                           sched::KernelTmaWarpSpecializedPingpong,
+                           epi::TmaWarpSpecialized, void, false>;
+using CfgP128PpFast = Config<Shape<_128, _128, _128>, Shape<_1, _2, _1>,
+                             sched::KernelTmaWarpSpecializedPingpongFP8FastAccum,
+                             epi::TmaWarpSpecialized, void, false>;
+using CfgS128CoopSk = Config<Shape<_128, _128, _128>, Shape<_1, _1, _1>,
+                             sched::KernelTmaWarpSpecializedCooperative,
+                             epi::TmaWarpSpecializedCooperative,
+                             cutlass::gemm::StreamKScheduler, false>;
+template <int TN>
+using CfgDecodeSwap = Config<Shape<_128, Int<TN>, _128>, Shape<_1, _1, _1>,
+                             sched::KernelTmaWarpSpecializedCooperative,
+                             epi::TmaWarpSpecializedCooperative,
+                             cutlass::gemm::StreamKScheduler, true>;
+
+// ---------------------------------------------------------------------------------------
+// The kernel for one (A, B, D) dtype triple and one config.
+// ---------------------------------------------------------------------------------------
+template <DType kA, DType kB, DType kD, class Cfg>
+struct Sm90Fp8Gemm {
+  using ElA = typename CutlassType<kA>::type;  // user A (M, K)
+  using ElB = typename CutlassType<kB>::type;  // user B (N, K)
+  using ElD = typename CutlassType<kD>::type;
+  static constexpr bool kSwap = Cfg::kSwap;
+  // Kernel operands: with swap-AB the kernel's A is the user's B and vice versa.
+  using KElA = std::conditional_t<kSwap, ElB, ElA>;
+  using KElB = std::conditional_t<kSwap, ElA, ElB>;
+  using LayoutA = cutlass::layout::RowMajor;     // (kM, K), K contiguous
+  using LayoutB = cutlass::layout::ColumnMajor;  // (K, kN) stored as (kN, K), K contiguous
+  using LayoutD = std::conditional_t<kSwap, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>;
+  static constexpr int kAlignAB = 16;                              // 16 bytes of fp8
+  static constexpr int kAlignD = 16 / sizeof(ElD);                 // 16 bytes of output
+  using Tile = typename Cfg::Tile;
+
+  // Scale vectors: dynamic broadcast (bool stride: vector or scalar), alignment 1 so any
+  // M/N works. Kernel-col vector varies along kernel M, kernel-row vector along kernel N.
+  using ColScale = cutlass::epilogue::fusion::Sm90ColBroadcast<
+      0, Tile, float, float, Stride<bool, _0, int64_t>, 1>;
+  using RowScale = cutlass::epilogue::fusion::Sm90RowBroadcast<
+      0, Tile, float, float, Stride<_0, bool, int64_t>, 1>;
+  // Bias runs along the user's N: kernel rows when swapped, kernel columns otherwise.
+  using Bias = std::conditional_t<
+      kSwap,
+      cutlass::epilogue::fusion::Sm90ColBroadcast<0, Tile, ElD, float, Stride<_1, _0, int64_t>, 1>,
+      cutlass::epilogue::fusion::Sm90RowBroadcast<0, Tile, ElD, float, Stride<_0, _1, int64_t>, 1>>;
+  static constexpr auto kRound = cutlass::FloatRoundStyle::round_to_nearest;
+  using Mul = cutlass::epilogue::fusion::Sm90Compute<cutlass::multiplies, float, float, kRound>;
+  using Add = cutlass::epilogue::fusion::Sm90Compute<cutlass::plus, ElD, float, kRound>;
+  using Scaled = cutlass::epilogue::fusion::Sm90EVT<
+      Mul, ColScale,
+      cutlass::epilogue::fusion::Sm90EVT<Mul, RowScale, cutlass::epilogue::fusion::Sm90AccFetch>>;
+  using Fusion = cutlass::epilogue::fusion::Sm90EVT<Add, Scaled, Bias>;
+
+  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, typename Cfg::Cluster,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float,
+      void, LayoutD, kAlignD,  // no C operand
+      ElD, LayoutD, kAlignD, typename Cfg::EpilogueSchedule, Fusion>::CollectiveOp;
+
+  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, KElA, LayoutA, kAlignAB, KElB, LayoutB,
+      kAlignAB, float, Tile, typename Cfg::Cluster,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename CollectiveEpilogue::SharedStorage))>,
+      typename Cfg::KernelSchedule>::CollectiveOp;
+
+  using GemmKernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop,
+                                                          CollectiveEpilogue, typename Cfg::TileScheduler>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
+  using Arguments = typename GemmKernel::Arguments;
+
+  static Arguments make_arguments(const GemmArgs& g) {
+    const int km = static_cast<int>(kSwap ? g.n : g.m);
+    const int kn = static_cast<int>(kSwap ? g.m : g.n);
+    const int k = static_cast<int>(g.k);
+    using StrideA = typename GemmKernel::StrideA;
+    using StrideB = typename GemmKernel::StrideB;
+    using StrideD = typename GemmKernel::StrideD;
+    StrideA sa = cutlass::make_cute_packed_stride(StrideA{}, cute::make_shape(km, k, 1));
+    StrideB sb = cutlass::make_cute_packed_stride(StrideB{}, cute::make_shape(kn, k, 1));
+    StrideD sd = cutlass::make_cute_packed_stride(StrideD{}, cute::make_shape(km, kn, 1));
+    const void* ka = kSwap ? g.b : g.a;
+    const void* kb = kSwap ? g.a : g.b;
+    // Kernel-col scale varies along kernel M; kernel-row along kernel N.
+    const float* col_ptr = kSwap ? g.b_scale : g.a_scale;
+    const bool col_vec = kSwap ? g.b_scale_per_col : g.a_scale_per_row;  // NOLINT
+    const float* row_ptr = kSwap ? g.a_scale : g.b_scale;
+    const bool row_vec = kSwap ? g.a_scale_per_row : g.b_scale_per_col;
+
+    Arguments args;
+    args.mode = cutlass::gemm::GemmUniversalMode::kGemm;
+    args.problem_shape = {km, kn, k, 1};
+    args.mainloop.ptr_A = static_cast<const KElA*>(ka);
+    args.mainloop.dA = sa;
+    args.mainloop.ptr_B = static_cast<const KElB*>(kb);
+    args.mainloop.dB = sb;
+    args.epilogue.ptr_C = nullptr;
+    args.epilogue.dC = sd;
+    args.epilogue.ptr_D = static_cast<ElD*>(g.d);
+    args.epilogue.dD = sd;
+    auto& fusion = args.epilogue.thread;
+    // Fusion = Add(Scaled(ColScale, Mul(RowScale, Acc)), Bias)
+    // EVT arguments list children first, then the node: op_0, op_1, op_2.
+    auto& scaled = fusion.op_0;
+    auto& colscale = scaled.op_0;
+    colscale.ptr_col = col_ptr;
+    colscale.null_default = 1.f;
+    colscale.dCol = {col_vec, _0{}, int64_t(0)};
+    auto& inner = scaled.op_1;
+    auto& rowscale = inner.op_0;
+    rowscale.ptr_row = row_ptr;
+    rowscale.null_default = 1.f;
+    rowscale.dRow = {_0{}, row_vec, int64_t(0)};
+    auto& bias = fusion.op_1;
+    if constexpr (kSwap) {
+      bias.ptr_col = static_cast<const ElD*>(g.bias);
+      bias.null_default = ElD(0);
+    } else {
+      bias.ptr_row = static_cast<const ElD*>(g.bias);
+      bias.null_default = ElD(0);
+    }
+    args.hw_info.device_id = g.device;
+    args.hw_info.sm_count = g.sm_count;
+    if constexpr (Cfg::kStreamK) {
+      using Decomp = cutlass::gemm::kernel::detail::DecompositionMode;
+      using Reduce = cutlass::gemm::kernel::detail::ReductionMode;
+      args.scheduler.splits = g.splits;
+      args.scheduler.decomposition_mode = g.splits > 1 ? Decomp::SplitK : Decomp::DataParallel;
+      // Deterministic turnstile reduction: results are bit-identical run to run.
+      args.scheduler.reduction_mode = Reduce::Deterministic;
+    }
+    return args;
+  }
+
+  static const char* can_implement(const GemmArgs& g) {
+    if constexpr (!Cfg::kStreamK) {
+      if (g.splits != 1) return "this config does not split K (splits must be 1)";
+    }
+    auto args = make_arguments(g);
+    if (GemmKernel::can_implement(args)) return nullptr;
+    return "CUTLASS can_implement rejected the problem (alignment or shape)";
+  }
+
+  static size_t workspace_size(const GemmArgs& g) {
+    return GemmKernel::get_workspace_size(make_arguments(g));
+  }
+
+  static cudaError_t prepare() {
+    constexpr int smem = GemmKernel::SharedStorageSize;
+    if constexpr (smem >= (48 << 10)) {
+      return cudaFuncSetAttribute(cutlass::device_kernel<GemmKernel>,
+                                  cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    }
+    return cudaSuccess;
+  }
+
+  static cudaError_t run(const GemmArgs& g, cudaStream_t stream) {
+    auto args = make_arguments(g);
+    if (g.workspace_bytes > 0) {
+      // Stream-K/split-K: zero the reduction flags (a memset node under capture).
+      if (GemmKernel::initialize_workspace(args, g.workspace, stream) != cutlass::Status::kSuccess)
+        return cudaErrorUnknown;
+    }
+    auto params = GemmKernel::to_underlying_arguments(args, g.workspace);
+    cutlass::Status st = Gemm::run(params, stream);
+    if (st != cutlass::Status::kSuccess) return cudaErrorLaunchFailure;
+    return cudaPeekAtLastError();
+  }
+
+  static KernelEntry entry(const char* name) {
+    return KernelEntry{name, kA, kB, kD, &can_implement, &workspace_size, &prepare, &run,
+                       static_cast<int32_t>(GemmKernel::SharedStorageSize),
+                       static_cast<int32_t>(GemmKernel::MaxThreadsPerBlock)};
+  }
+};
+
+}  // namespace jax_gmma::sm90

@@ -1,0 +1,132 @@
+// _gmma_ext: the small nanobind module of jax-gmma. It links against the Python-free CUDA
+// library (libjax_gmma_cuda) when that was built, and exposes:
+//   registrations()  -> {target name: PyCapsule of the XLA FFI handler}
+//   kernels()        -> [dict(config, a, b, d, smem_bytes, threads)]
+//   check(...)       -> (error message or None, workspace bytes): CUTLASS can_implement and
+//                       get_workspace_size, host only, at trace time
+//   prepare(device)  -> one-time per-device kernel setup, outside any stream capture
+//   built_archs(), cuda_built()
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+
+#include <optional>
+#include <string>
+#include <utility>
+
+#if defined(JAX_GMMA_WITH_CUDA)
+#include "jax_gmma/gemm_api.h"
+extern "C" void* jax_gmma_fp8_gemm_handler();
+extern "C" void jax_gmma_capture_stats(uint64_t* captured, uint64_t* eager);
+#endif
+
+namespace nb = nanobind;
+
+#if defined(JAX_GMMA_WITH_CUDA)
+namespace {
+
+jax_gmma::DType parse_dtype(const std::string& s) {
+  using jax_gmma::DType;
+  if (s == "float8_e4m3fn") return DType::kF8E4M3;
+  if (s == "float8_e5m2") return DType::kF8E5M2;
+  if (s == "bfloat16") return DType::kBF16;
+  if (s == "float16") return DType::kF16;
+  if (s == "float32") return DType::kF32;
+  throw nb::value_error(("jax_gmma: unsupported dtype " + s).c_str());
+}
+
+}  // namespace
+#endif
+
+NB_MODULE(_gmma_ext, m) {
+  m.def("cuda_built", []() {
+#if defined(JAX_GMMA_WITH_CUDA)
+    return true;
+#else
+    return false;
+#endif
+  });
+
+  m.def("built_archs", []() -> std::string {
+#if defined(JAX_GMMA_WITH_CUDA)
+    return jax_gmma::built_archs();
+#else
+    return "";
+#endif
+  });
+
+  m.def("registrations", []() {
+    nb::dict d;
+#if defined(JAX_GMMA_WITH_CUDA)
+    d["jax_gmma_fp8_gemm"] = nb::capsule(jax_gmma_fp8_gemm_handler());
+#endif
+    return d;
+  });
+
+  // (executions under CUDA stream capture, eager executions) of the FFI handlers so far.
+  m.def("capture_stats", []() -> std::pair<uint64_t, uint64_t> {
+    uint64_t c = 0, e = 0;
+#if defined(JAX_GMMA_WITH_CUDA)
+    jax_gmma_capture_stats(&c, &e);
+#endif
+    return {c, e};
+  });
+
+  m.def("kernels", []() {
+    nb::list out;
+#if defined(JAX_GMMA_WITH_CUDA)
+    int count = 0;
+    const jax_gmma::KernelEntry* t = jax_gmma::kernel_table(&count);
+    for (int i = 0; i < count; ++i) {
+      nb::dict e;
+      e["config"] = t[i].config;
+      e["a"] = jax_gmma::dtype_name(t[i].a);
+      e["b"] = jax_gmma::dtype_name(t[i].b);
+      e["d"] = jax_gmma::dtype_name(t[i].d);
+      e["smem_bytes"] = t[i].smem_bytes;
+      e["threads"] = t[i].threads;
+      out.append(e);
+    }
+#endif
+    return out;
+  });
+
+  m.def(
+      "check",
+      [](const std::string& config, const std::string& a, const std::string& b, const std::string& d,
+         int64_t mm, int64_t n, int64_t k, int splits, int sm_count, bool a_vec, bool b_vec,
+         bool has_bias) -> std::pair<std::optional<std::string>, int64_t> {
+#if defined(JAX_GMMA_WITH_CUDA)
+        const jax_gmma::KernelEntry* e =
+            jax_gmma::find_kernel(config.c_str(), parse_dtype(a), parse_dtype(b), parse_dtype(d));
+        if (!e) return {std::string("no kernel '") + config + "' for " + a + " x " + b + " -> " + d, 0};
+        jax_gmma::GemmArgs g;
+        g.m = mm; g.n = n; g.k = k;
+        g.a_scale_per_row = a_vec; g.b_scale_per_col = b_vec;
+        g.splits = splits; g.sm_count = sm_count;
+        static float dummy_scale = 1.f;  // never dereferenced on the host
+        g.a_scale = g.b_scale = &dummy_scale;
+        g.bias = has_bias ? &dummy_scale : nullptr;
+        if (const char* msg = e->can_implement(g)) return {std::string(msg), 0};
+        return {std::nullopt, static_cast<int64_t>(e->workspace_size(g))};
+#else
+        (void)config; (void)a; (void)b; (void)d; (void)mm; (void)n; (void)k; (void)splits;
+        (void)sm_count; (void)a_vec; (void)b_vec; (void)has_bias;
+        return {std::string("jax_gmma was built without CUDA kernels"), 0};
+#endif
+      },
+      nb::arg("config"), nb::arg("a"), nb::arg("b"), nb::arg("d"), nb::arg("m"), nb::arg("n"),
+      nb::arg("k"), nb::arg("splits"), nb::arg("sm_count"), nb::arg("a_vec"), nb::arg("b_vec"),
+      nb::arg("has_bias"));
+
+  m.def("prepare", [](int device) -> std::optional<std::string> {
+#if defined(JAX_GMMA_WITH_CUDA)
+    if (const char* msg = jax_gmma::prepare_device(device)) return std::string(msg);
+    return std::nullopt;
+#else
+    (void)device;
+    return std::string("jax_gmma was built without CUDA kernels");
+#endif
+});
+}

@@ -1,0 +1,155 @@
+// XLA FFI handlers of jax-gmma (typed FFI, CUDA platform).
+//
+// Graph safety, declared in one place (kGraphSafeTraits below): the execute path
+//  * takes the stream from the platform context and asks CUDA nothing about it
+//    (cudaStreamGetDevice on a capturing stream invalidates the capture);
+//  * gets the device with cudaGetDevice(), which capture allows;
+//  * does its one-time setup (the kernel's dynamic shared-memory attribute) once per
+//    device, normally before any capture (jax_gmma prepares every kernel when it registers
+//    the targets), and otherwise with cudaFuncSetAttribute, which is not a stream operation;
+//  * enqueues only a memset (stream-K workspace flags) and the kernel launch;
+//  * never synchronizes and never copies device memory to the host: scales are read by the
+//    kernel's epilogue.
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include <cuda_runtime_api.h>
+
+#include "jax_gmma/gemm_api.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace jax_gmma {
+namespace {
+
+// How many executions happened while the stream was being captured into a CUDA graph (XLA
+// command buffer) and how many ran eagerly: lets tests check capture, not assume it.
+// cudaStreamIsCapturing is the one stream query that capture allows.
+std::atomic<uint64_t> g_captured{0}, g_eager{0};
+
+bool to_dtype(ffi::DataType t, DType* out) {
+  switch (t) {
+    case ffi::DataType::F8E4M3FN: *out = DType::kF8E4M3; return true;
+    case ffi::DataType::F8E5M2: *out = DType::kF8E5M2; return true;
+    case ffi::DataType::BF16: *out = DType::kBF16; return true;
+    case ffi::DataType::F16: *out = DType::kF16; return true;
+    case ffi::DataType::F32: *out = DType::kF32; return true;
+    default: return false;
+  }
+}
+
+ffi::Error invalid(std::string msg) {
+  return ffi::Error(ffi::ErrorCode::kInvalidArgument, "jax_gmma_fp8_gemm: " + msg);
+}
+
+// Operands: a (M,K) fp8, b (N,K) fp8, a_scale f32 (1,) or (M,), b_scale f32 (1,) or (N,),
+// bias (N,) in the output dtype (ignored unless has_bias). Results: d (M,N), workspace u8.
+ffi::Error Fp8GemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
+                       ffi::AnyBuffer a_scale, ffi::AnyBuffer b_scale, ffi::AnyBuffer bias,
+                       ffi::Result<ffi::AnyBuffer> d, ffi::Result<ffi::AnyBuffer> workspace,
+                       std::string_view config, int32_t splits, int32_t sm_count, bool has_bias) {
+  // Cheap structural checks: the Python shape rules already enforce these at trace time.
+  auto ad = a.dimensions();
+  auto bd = b.dimensions();
+  auto dd = d->dimensions();
+  if (ad.size() != 2 || bd.size() != 2 || dd.size() != 2) return invalid("operands must be 2-D");
+  const int64_t m = ad[0], k = ad[1], n = bd[0];
+  if (bd[1] != k || dd[0] != m || dd[1] != n) return invalid("shape mismatch");
+  DType ta, tb, td;
+  if (!to_dtype(a.element_type(), &ta) || !to_dtype(b.element_type(), &tb) ||
+      !to_dtype(d->element_type(), &td))
+    return invalid("unsupported dtype");
+  if (a_scale.element_type() != ffi::DataType::F32 || b_scale.element_type() != ffi::DataType::F32)
+    return invalid("scales must be float32");
+  const int64_t as = static_cast<int64_t>(a_scale.element_count());
+  const int64_t bs = static_cast<int64_t>(b_scale.element_count());
+  if ((as != 1 && as != m) || (bs != 1 && bs != n)) return invalid("scale sizes");
+  if (has_bias && (bias.element_type() != d->element_type() ||
+                   static_cast<int64_t>(bias.element_count()) != n))
+    return invalid("bias must be (N,) in the output dtype");
+
+  // Thread-local one-entry cache: the same call site hits it every step.
+  thread_local const KernelEntry* cached = nullptr;
+  thread_local std::string cached_name;
+  const KernelEntry* entry = nullptr;
+  if (cached && cached->a == ta && cached->b == tb && cached->d == td && cached_name == config) {
+    entry = cached;
+  } else {
+    std::string name(config);
+    entry = find_kernel(name.c_str(), ta, tb, td);
+    if (!entry)
+      return invalid("no kernel '" + name + "' for " + dtype_name(ta) + " x " + dtype_name(tb) +
+                     " -> " + dtype_name(td) + " in this build");
+    cached = entry;
+    cached_name = std::move(name);
+  }
+
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return ffi::Error::Internal("cudaGetDevice failed");
+  if (cudaError_t err = ensure_prepared(entry, device); err != cudaSuccess)
+    return ffi::Error::Internal(std::string("jax_gmma: kernel setup failed: ") + cudaGetErrorString(err));
+
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess)
+    return ffi::Error::Internal("cudaStreamIsCapturing failed");
+  (capture == cudaStreamCaptureStatusActive ? g_captured : g_eager).fetch_add(1, std::memory_order_relaxed);
+
+  GemmArgs g;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.a = a.untyped_data();
+  g.b = b.untyped_data();
+  g.a_scale = static_cast<const float*>(a_scale.untyped_data());
+  g.b_scale = static_cast<const float*>(b_scale.untyped_data());
+  g.a_scale_per_row = as == m && m != 1;
+  g.b_scale_per_col = bs == n && n != 1;
+  g.bias = has_bias ? bias.untyped_data() : nullptr;
+  g.d = d->untyped_data();
+  g.workspace = workspace->untyped_data();
+  g.workspace_bytes = workspace->size_bytes();
+  g.splits = splits;
+  g.sm_count = sm_count;
+  g.device = device;
+  if (cudaError_t err = entry->run(g, stream); err != cudaSuccess)
+    return ffi::Error::Internal(std::string("jax_gmma: kernel launch failed (") + entry->config +
+                                "): " + cudaGetErrorString(err));
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace jax_gmma
+
+// Graph safety is declared here, once, for every handler of this library.
+#define JAX_GMMA_GRAPH_SAFE_TRAITS {xla::ffi::Traits::kCmdBufferCompatible}
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxGmmaFp8Gemm, jax_gmma::Fp8GemmImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()  // a
+                                  .Arg<ffi::AnyBuffer>()  // b
+                                  .Arg<ffi::AnyBuffer>()  // a_scale
+                                  .Arg<ffi::AnyBuffer>()  // b_scale
+                                  .Arg<ffi::AnyBuffer>()  // bias
+                                  .Ret<ffi::AnyBuffer>()  // d
+                                  .Ret<ffi::AnyBuffer>()  // workspace
+                                  .Attr<std::string_view>("config")
+                                  .Attr<int32_t>("splits")
+                                  .Attr<int32_t>("sm_count")
+                                  .Attr<bool>("has_bias"),
+                              JAX_GMMA_GRAPH_SAFE_TRAITS);
+
+// The handler's address for the nanobind module (which does not include the XLA headers).
+extern "C" __attribute__((visibility("default"))) void* jax_gmma_fp8_gemm_handler() {
+  return reinterpret_cast<void*>(&JaxGmmaFp8Gemm);
+}
+
+// Counters of executions under stream capture / eager (see g_captured above).
+extern "C" __attribute__((visibility("default"))) void jax_gmma_capture_stats(uint64_t* captured,
+                                                                            uint64_t* eager) {
+  *captured = jax_gmma::g_captured.load();
+  *eager = jax_gmma::g_eager.load();
+}

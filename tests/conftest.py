@@ -1,0 +1,30 @@
+"""Tests import the *installed* jax_gmma (run them with `python3 -P -m pytest tests`, so the
+source tree, which lacks the compiled extension, does not shadow it)."""
+import pytest
+
+
+def _hopper_with_kernels():
+  try:
+    import jax
+    from jax_gmma import _backend
+  except Exception as e:  # pragma: no cover
+    return False, f"import failed: {e}"
+  devs = _backend.cuda_devices()
+  if not devs:
+    return False, f"no CUDA GPU visible to JAX (backend {jax.default_backend()})"
+  if not _backend.kernels_built():
+    return False, "jax_gmma was built without CUDA kernels"
+  cc = _backend.device_cc(devs[0])
+  if cc != "9.0":
+    return False, f"GPU compute capability {cc} has no sm_90a kernels"
+  return True, ""
+
+
+def pytest_collection_modifyitems(config, items):
+  ok, why = None, None
+  for item in items:
+    if "gpu" in item.keywords:
+      if ok is None:
+        ok, why = _hopper_with_kernels()
+      if not ok:
+        item.add_marker(pytest.mark.skip(reason=f"GPU test: {why}"))

@@ -1,0 +1,50 @@
+"""Config table and heuristic (pure Python)."""
+import ml_dtypes
+import pytest
+
+from jax_gmma import configs, shapes
+
+E4 = ml_dtypes.float8_e4m3fn
+
+
+def prob(m, n, k):
+  return shapes.fp8_gemm_problem((m, k), E4, (n, k), E4)
+
+
+@pytest.mark.parametrize("m, expect", [(1, "swap_128x16"), (16, "swap_128x16"), (17, "swap_128x32"),
+                                       (64, "swap_128x64"), (129, "128x128x128_c1x1_coop_streamk"),
+                                       (8192, "128x256x128_c2x1_coop_2lvl")])
+def test_heuristic_by_m(m, expect):
+  cfg, s = configs.select_config(prob(m, 8192, 8192), 132)
+  assert cfg.name.startswith(expect), cfg.name
+  assert s >= 1
+
+
+def test_decode_splits_fill_the_gpu():
+  cfg, s = configs.select_config(prob(1, 8192, 8192), 132)
+  assert cfg.swap_ab and configs.num_tiles(prob(1, 8192, 8192), cfg) * s >= 128
+
+
+def test_fast_accum_picks_fast_variant_for_large():
+  cfg, _ = configs.select_config(prob(8192, 8192, 8192), 132, fast_accum=True)
+  assert cfg.accum == "fast"
+
+
+def test_small_grid_uses_128x128():
+  cfg, _ = configs.select_config(prob(512, 1024, 4096), 132)
+  assert cfg.name.startswith("128x128x128_c1x2_pingpong")
+
+
+def test_forced_config_and_bad_splits():
+  cfg, s = configs.select_config(prob(64, 256, 1024), 132, config="128x128x128_c1x2_pingpong_fast")
+  assert cfg.name == "128x128x128_c1x2_pingpong_fast" and s == 1
+  with pytest.raises(ValueError, match="splits must be 1"):
+    configs.select_config(prob(64, 256, 1024), 132, config="128x128x128_c1x2_pingpong_fast", splits=2)
+  with pytest.raises(ValueError, match="config must be one of"):
+    configs.select_config(prob(64, 256, 1024), 132, config="nope")
+
+
+def test_table_printable():
+  text = configs.configs_table()
+  for name in configs.CONFIGS:
+    assert name in text
