@@ -34,6 +34,15 @@ def _name(dt) -> str:
   return np.dtype(dt).name
 
 
+def _is_float(dt) -> bool:
+  """True for numpy and ml_dtypes floating types (bfloat16 and fp8 included)."""
+  try:
+    ml_dtypes.finfo(np.dtype(dt))
+    return True
+  except (TypeError, ValueError):
+    return False
+
+
 @dataclasses.dataclass(frozen=True)
 class GemmProblem:
   """out[..., m, n] = a_scale * b_scale * sum_k a[..., m, k] * b[n, k] (+ bias[n])."""
@@ -64,7 +73,7 @@ def _scale_mode(arg: str, shape: Optional[Sequence[int]], dtype, rows: int, batc
   if shape is None:
     return "tensor"
   shape = tuple(shape)
-  if dtype is not None and not np.issubdtype(np.dtype(dtype), np.floating):
+  if dtype is not None and not _is_float(dtype):
     raise TypeError(f"{arg} must be a floating-point array (float32 preferred), got {_name(dtype)}")
   if shape in ((), (1,)) or (len(shape) >= 1 and int(np.prod(shape)) == 1 and len(shape) <= len(batch) + 2):
     return "tensor"
@@ -130,7 +139,7 @@ def fp8_gemm_problem(a_shape, a_dtype, b_shape, b_dtype, *, a_scale_shape=None, 
   if has_bias:
     if tuple(bias_shape) != (n,):
       raise ValueError(f"bias must have shape (N,) = ({n},), got {tuple(bias_shape)}")
-    if bias_dtype is not None and not np.issubdtype(np.dtype(bias_dtype), np.floating):
+    if bias_dtype is not None and not _is_float(bias_dtype):
       raise TypeError(f"bias must be floating-point, got {_name(bias_dtype)}")
   return GemmProblem(m=m, n=n, k=k, batch_shape=batch, a_dtype=a_dtype, b_dtype=b_dtype,
                      out_dtype=out_dtype, a_scale=a_mode, b_scale=b_mode, has_bias=has_bias)

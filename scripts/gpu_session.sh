@@ -17,7 +17,7 @@ echo "install: $(( $(date +%s) - t0 )) s"
 cd /tmp && python3 -m jax_gmma info | tee "$OUT/info.txt"
 cd "$REPO"
 if [ "${1:-}" != "none" ]; then
-  python3 -P -m pytest -q -x -p no:cacheprovider tests ${1:+-k "$1"} 2>&1 | tee "$OUT/pytest.log" | tail -30
+  python3 -P -m pytest -q -p no:cacheprovider tests ${1:+-k "$1"} 2>&1 | tee "$OUT/pytest.log" | tail -30
 fi
 if [ -n "${2:-}" ]; then
   python3 -P benchmarks/bench_fp8.py --suite "$2" --out "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -60

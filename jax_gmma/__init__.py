@@ -1,0 +1,26 @@
+"""jax-gmma: FP8 (and, later, block-scaled FP8/FP6/FP4) GEMMs for jax.jit programs.
+
+CUTLASS kernels for Hopper (sm_90a) registered as XLA FFI custom calls; a pure-JAX reference
+everywhere else. See README.md.
+"""
+__version__ = "0.1.0"
+
+from . import configs, formats, shapes
+from ._backend import allow_reference, set_allow_reference, KernelUnavailable
+from .api import dot
+from .configs import KernelConfig, select_config
+from .formats import FORMATS, get_format
+from .ops import fp8_gemm, fp8_gemm_p
+from .quantize import QuantizedArray, dequantize, quantize
+from .reference import fp8_gemm_reference
+from .shapes import GemmProblem, fp8_gemm_problem
+from . import _backend as _b
+
+_b.register_targets()  # no-op without the CUDA library; needs no GPU
+
+__all__ = [
+    "fp8_gemm", "dot", "quantize", "dequantize", "QuantizedArray", "fp8_gemm_reference",
+    "allow_reference", "set_allow_reference", "KernelUnavailable", "GemmProblem",
+    "fp8_gemm_problem", "KernelConfig", "select_config", "FORMATS", "get_format", "configs",
+    "formats", "shapes",
+]

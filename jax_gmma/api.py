@@ -1,0 +1,50 @@
+"""High-level entry points on QuantizedArrays."""
+from __future__ import annotations
+
+from typing import Optional
+
+import jax.numpy as jnp
+import numpy as np
+
+from . import shapes
+from .ops import fp8_gemm
+from .quantize import QuantizedArray, quantize
+
+#: Weight formats `dot` runs on a GEMM kernel today.
+DOT_WEIGHT_FORMATS = ("fp8_tensor", "fp8_channel")
+#: How `dot` quantizes a float activation.
+DOT_ACTIVATION_FORMATS = ("fp8_channel", "fp8_tensor")
+
+
+def dot(x, w: QuantizedArray, *, bias=None, out_dtype=None, x_format: str = "fp8_channel",
+        fast_accum: bool = False, config: Optional[str] = None, splits: Optional[int] = None):
+  """``x @ dequantize(w).T`` as an FP8 GEMM: ``x`` (..., K) float or QuantizedArray, ``w`` a
+  QuantizedArray of an (N, K) weight (``quantize(w, "fp8_channel")``, done once).
+
+  A float ``x`` is quantized on the fly to float8_e4m3fn with ``x_format``: "fp8_channel" (one
+  scale per token/row, the default) or "fp8_tensor". ``out_dtype`` defaults to x's dtype when it
+  is bfloat16/float16/float32, else bfloat16.
+  """
+  if not isinstance(w, QuantizedArray):
+    raise TypeError("w must be a jax_gmma.QuantizedArray of an (N, K) weight; quantize it once with "
+                    "jax_gmma.quantize(w, 'fp8_channel')")
+  if w.format.name not in DOT_WEIGHT_FORMATS:
+    raise ValueError(f"w: format {w.format.name!r} has no GEMM kernel in this version; "
+                     f"supported weight formats: {', '.join(DOT_WEIGHT_FORMATS)}")
+  if w.data.ndim != 2:
+    raise ValueError(f"w must be a 2-D (N, K) weight, got data shape {w.data.shape}")
+  if isinstance(x, QuantizedArray):
+    if x.format.name not in DOT_WEIGHT_FORMATS:
+      raise ValueError(f"x: format {x.format.name!r} is not supported by dot; use one of "
+                       f"{', '.join(DOT_ACTIVATION_FORMATS)}")
+    xq = x
+    default_out = shapes.BF16
+  else:
+    x = jnp.asarray(x)
+    if x_format not in DOT_ACTIVATION_FORMATS:
+      raise ValueError(f"x_format must be one of {DOT_ACTIVATION_FORMATS}, got {x_format!r}")
+    default_out = np.dtype(x.dtype) if np.dtype(x.dtype) in shapes.OUT_DTYPES else shapes.BF16
+    xq = quantize(x, x_format, dtype=jnp.float8_e4m3fn)
+  out_dtype = default_out if out_dtype is None else out_dtype
+  return fp8_gemm(xq.data, w.data, xq.scales, w.scales, bias=bias, out_dtype=out_dtype,
+                  fast_accum=fast_accum, config=config, splits=splits)

@@ -1,0 +1,180 @@
+"""GPU tests of the sm90 FP8 GEMM kernels (skipped without a Hopper GPU and built kernels).
+
+Oracle: the pure-JAX reference (float32 dot at HIGHEST precision of the same fp8 operands),
+compared by relative Frobenius error and an elementwise bound, on fresh random inputs per
+case. XLA allocates the outputs, so instead of poisoning them every element is checked
+against the oracle (an unwritten element fails the elementwise bound).
+"""
+import itertools
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_gmma
+from jax_gmma import _backend, configs
+
+pytestmark = pytest.mark.gpu
+
+E4, E5 = jnp.float8_e4m3fn, jnp.float8_e5m2
+TOL = {jnp.bfloat16: 1e-2, jnp.float16: 2e-3, jnp.float32: 1e-3}
+_seed = [0]
+
+
+def _key():
+  _seed[0] += 1
+  return jax.random.PRNGKey(1000 + _seed[0])
+
+
+def rand_fp8(key, shape, dtype):
+  x = jax.random.normal(key, shape, jnp.float32) * 2.0
+  return x.astype(dtype)
+
+
+@jax.jit
+def _compare(out, ref):
+  out = out.astype(jnp.float32)
+  ref = ref.astype(jnp.float32)
+  err = jnp.linalg.norm(out - ref) / jnp.maximum(jnp.linalg.norm(ref), 1e-30)
+  scale = jnp.sqrt(jnp.mean(ref * ref))
+  worst = jnp.max(jnp.abs(out - ref)) / jnp.maximum(scale, 1e-30)
+  finite = jnp.all(jnp.isfinite(out))
+  return err, worst, finite
+
+
+def run_case(m, n, k, a_dt=E4, b_dt=E4, per_row=False, bias=False, out_dtype=jnp.bfloat16,
+             fast_accum=False, config=None, splits=None):
+  ka, kb, ks, kt, kbias = jax.random.split(_key(), 5)
+  a = rand_fp8(ka, (m, k), a_dt)
+  b = rand_fp8(kb, (n, k), b_dt)
+  sa = jax.random.uniform(ks, (m,) if per_row else (), jnp.float32, 0.5, 2.0) / np.sqrt(k)
+  sb = jax.random.uniform(kt, (n,) if per_row else (), jnp.float32, 0.5, 2.0)
+  bias_v = jax.random.normal(kbias, (n,), jnp.float32).astype(out_dtype) if bias else None
+  f = jax.jit(lambda a, b, sa, sb, bias_v: jax_gmma.fp8_gemm(
+      a, b, sa, sb, bias=bias_v, out_dtype=out_dtype, fast_accum=fast_accum, config=config,
+      splits=splits))
+  out = f(a, b, sa, sb, bias_v)
+  ref = jax.jit(lambda a, b, sa, sb, bias_v: jax_gmma.fp8_gemm_reference(
+      a, b, sa.reshape(-1), sb.reshape(-1), bias_v, out_dtype=jnp.float32,
+      has_bias=bias_v is not None))(a, b, sa, sb, bias_v)
+  err, worst, finite = (float(x) for x in _compare(out, ref))
+  tol = TOL[out_dtype] * (4 if fast_accum else 1)
+  label = f"M={m} N={n} K={k} {jnp.dtype(a_dt).name}x{jnp.dtype(b_dt).name}->{jnp.dtype(out_dtype).name} " \
+          f"row={per_row} bias={bias} cfg={config} splits={splits}"
+  assert finite, label
+  assert err < tol, f"{label}: rel Frobenius error {err:.3g} >= {tol}"
+  assert worst < 50 * tol, f"{label}: worst element error {worst:.3g} (x rms) — unwritten/wrong elements?"
+  return err
+
+
+SHAPES = list(itertools.product([1, 7, 64, 129, 4096], [16, 1000, 4096, 28672], [128, 7168, 16384]))
+VARIANTS = list(itertools.product([(E4, E4), (E5, E4)], [False, True], [False, True],
+                                  [jnp.bfloat16, jnp.float16, jnp.float32]))
+
+
+@pytest.mark.parametrize("m,n,k", SHAPES)
+def test_shapes_grid(m, n, k):
+  # Each shape takes a different (dtype pair, scales, bias, output) variant, cycling through all.
+  i = SHAPES.index((m, n, k))
+  (a_dt, b_dt), per_row, bias, out = VARIANTS[(i * 7) % len(VARIANTS)]
+  run_case(m, n, k, a_dt, b_dt, per_row, bias, out)
+
+
+@pytest.mark.parametrize("pair,per_row,bias,out", VARIANTS)
+def test_all_variants(pair, per_row, bias, out):
+  run_case(129, 1000, 7168, pair[0], pair[1], per_row, bias, out)
+  run_case(3, 4096, 1024, pair[0], pair[1], per_row, bias, out)
+
+
+@pytest.mark.parametrize("name", list(configs.CONFIGS))
+def test_every_config(name):
+  for m in (1, 100, 300):
+    cfg = configs.CONFIGS[name]
+    splits = 3 if cfg.stream_k else None
+    run_case(m, 2048, 4096, per_row=True, bias=True, config=name, splits=splits,
+             fast_accum=cfg.accum == "fast")
+
+
+def test_batch_dims():
+  a = rand_fp8(_key(), (2, 3, 256), E4)
+  b = rand_fp8(_key(), (64, 256), E4)
+  out = jax.jit(lambda a, b: jax_gmma.fp8_gemm(a, b, out_dtype=jnp.float32))(a, b)
+  ref = jax_gmma.fp8_gemm_reference(a.reshape(6, 256), b, jnp.ones(1), jnp.ones(1), None,
+                                    out_dtype=jnp.float32, has_bias=False).reshape(2, 3, 64)
+  err, worst, finite = (float(x) for x in _compare(out, ref))
+  assert finite and err < TOL[jnp.float32], err  # fp8 wgmma accumulates below fp32 precision
+
+
+def test_nan_inf_propagate():
+  k = 256
+  a = np.asarray(rand_fp8(_key(), (32, k), E5)).copy()
+  b = np.asarray(rand_fp8(_key(), (64, k), E4)).copy()
+  a[3, 7] = np.nan
+  a[5, 9] = np.inf
+  a[5] = np.where(np.isfinite(a[5].astype(np.float32)), np.abs(a[5].astype(np.float32)), a[5]).astype(E5)
+  b[:, 9] = np.abs(b[:, 9].astype(np.float32) + 0.5).astype(E4)  # nonzero, positive
+  for out_dtype in (jnp.bfloat16, jnp.float32):
+    out = np.asarray(jax.jit(lambda a, b: jax_gmma.fp8_gemm(a, b, out_dtype=out_dtype))(a, b)).astype(np.float32)
+    ref = np.asarray(jax_gmma.fp8_gemm_reference(jnp.asarray(a), jnp.asarray(b), jnp.ones(1), jnp.ones(1), None,
+                                                 out_dtype=jnp.float32, has_bias=False))
+    assert np.isnan(out[3]).all()
+    assert (~np.isfinite(out[5])).all()
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(ref))
+    np.testing.assert_array_equal(np.isinf(out), np.isinf(ref))
+
+
+def test_dot_on_gpu():
+  x = jax.random.normal(_key(), (4, 1024), jnp.bfloat16)
+  w = jax.random.normal(_key(), (512, 1024), jnp.float32) * 0.03
+  wq = jax_gmma.quantize(w, "fp8_channel")
+  out = jax.jit(jax_gmma.dot)(x, wq)
+  ref = x.astype(jnp.float32) @ w.T
+  err = float(jnp.linalg.norm(out.astype(jnp.float32) - ref) / jnp.linalg.norm(ref))
+  assert out.dtype == jnp.bfloat16 and err < 0.08
+
+
+def test_kernel_table_matches_python_configs():
+  names = {k["config"] for k in _backend.ext().kernels()}
+  assert names == set(configs.CONFIGS), names ^ set(configs.CONFIGS)
+
+
+def test_no_silent_fallback_when_kernel_missing(monkeypatch):
+  monkeypatch.setattr(_backend, "ARCH_FOR_CC", {})
+  a = jnp.zeros((16, 64), E4)
+  b = jnp.zeros((32, 64), E4)
+  with pytest.raises(_backend.KernelUnavailable, match="Refusing to fall back"):
+    jax.jit(lambda a, b: jax_gmma.fp8_gemm(a, b))(a, b)
+  with jax_gmma.allow_reference():
+    out = jax.jit(lambda a, b: jax_gmma.fp8_gemm(a, b) + 0)(a, b)
+  assert out.shape == (16, 32)
+
+
+# -- CUDA graphs (XLA command buffers) ------------------------------------------------------
+
+CHILD = os.path.join(os.path.dirname(__file__), "cmdbuf_child.py")
+
+
+def _run_child(flags):
+  env = dict(os.environ)
+  env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + flags).strip()
+  r = subprocess.run([sys.executable, CHILD], env=env, capture_output=True, text=True, timeout=600)
+  assert r.returncode == 0, f"child failed with XLA_FLAGS={flags!r}:\n{r.stdout}\n{r.stderr[-4000:]}"
+  return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_command_buffers_bit_identical_and_captured():
+  off = _run_child("--xla_gpu_enable_command_buffer=")
+  default = _run_child("")
+  forced = _run_child("--xla_gpu_graph_min_graph_size=1")
+  for name in ("chain", "small"):
+    assert default[name] == off[name], f"{name}: default command buffers differ from off"
+    assert forced[name] == off[name], f"{name}: forced command buffers differ from off"
+  # Check capture, don't assume it: with command buffers the handler ran under stream capture.
+  assert off["captured"] == 0 and off["eager"] > 0
+  assert default["captured"] >= 32, default
+  assert forced["captured"] >= 33, forced
