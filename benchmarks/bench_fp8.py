@@ -653,7 +653,8 @@ def bench_host(run: Run, suite: str):
   flag = "--xla_gpu_enable_command_buffer="
   env = dict(os.environ)
   env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + flag).strip()
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  # The child imports jax_gmma from where this process did (installed or checkout).
+  root = os.path.dirname(os.path.dirname(os.path.abspath(jax_gmma.__file__)))
   env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
   cmd = [sys.executable, os.path.abspath(__file__), "--host-cost-child", "--repeats",
          str(args.repeats), "--repeat-ms", str(args.repeat_ms), "--seed", str(args.seed)]

@@ -11,9 +11,14 @@
 namespace jax_gmma {
 
 #if defined(JAX_GMMA_HAVE_SM90)
-int sm90_fp8_tensorwise_bf16_entries(KernelEntry* out);
-int sm90_fp8_tensorwise_f16_entries(KernelEntry* out);
-int sm90_fp8_tensorwise_f32_entries(KernelEntry* out);
+#define JAX_GMMA_DECLARE(pair, d) int sm90_fp8_tensorwise_##pair##_##d##_entries(KernelEntry* out);
+JAX_GMMA_DECLARE(e4m3e4m3, bf16)
+JAX_GMMA_DECLARE(e4m3e4m3, f16)
+JAX_GMMA_DECLARE(e4m3e4m3, f32)
+JAX_GMMA_DECLARE(e5m2e4m3, bf16)
+JAX_GMMA_DECLARE(e5m2e4m3, f16)
+JAX_GMMA_DECLARE(e5m2e4m3, f32)
+#undef JAX_GMMA_DECLARE
 #endif
 
 namespace {
@@ -29,8 +34,9 @@ struct Table {
   Table() {
 #if defined(JAX_GMMA_HAVE_SM90)
     KernelEntry buf[64];
-    for (auto fill : {&sm90_fp8_tensorwise_bf16_entries, &sm90_fp8_tensorwise_f16_entries,
-                      &sm90_fp8_tensorwise_f32_entries}) {
+    for (auto fill : {&sm90_fp8_tensorwise_e4m3e4m3_bf16_entries, &sm90_fp8_tensorwise_e4m3e4m3_f16_entries,
+                      &sm90_fp8_tensorwise_e4m3e4m3_f32_entries, &sm90_fp8_tensorwise_e5m2e4m3_bf16_entries,
+                      &sm90_fp8_tensorwise_e5m2e4m3_f16_entries, &sm90_fp8_tensorwise_e5m2e4m3_f32_entries}) {
       int n = fill(buf);
       entries.insert(entries.end(), buf, buf + n);
     }

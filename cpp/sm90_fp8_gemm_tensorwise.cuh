@@ -52,27 +52,34 @@ struct Config {
   static constexpr bool kStreamK = std::is_same_v<Scheduler_, cutlass::gemm::StreamKScheduler>;
 };
 
-using CfgL256Coop2l = Config<Shape<_128, _256, _128>, Shape<_2, _1, _1>,
-                             sched::KernelTmaWarpSpecializedCooperative,
-                             epi::TmaWarpSpecializedCooperative, void, false>;
+// Large tiles. Two-level (promoting) accumulation keeps a second fp32 accumulator per thread,
+// so its tiles give each consumer warpgroup at most 64x128 outputs (128x256 and 128x128
+// ping-pong tiles spill registers with promotion; measured 3x slower).
 using CfgL256CoopFast = Config<Shape<_128, _256, _128>, Shape<_2, _1, _1>,
                                sched::KernelTmaWarpSpecializedCooperativeFP8FastAccum,
                                epi::TmaWarpSpecializedCooperative, void, false>;
-using CfgP128Pp2l = Config<Shape<_128, _128, _128>, Shape<_1, _2, _1>,
-                           sched::KernelTmaWarpSpecializedPingpong,
-                           epi::TmaWarpSpecialized, void, false>;
+using CfgM128Coop2l = Config<Shape<_128, _128, _128>, Shape<_2, _1, _1>,
+                             sched::KernelTmaWarpSpecializedCooperative,
+                             epi::TmaWarpSpecializedCooperative, void, false>;
 using CfgP128PpFast = Config<Shape<_128, _128, _128>, Shape<_1, _2, _1>,
                              sched::KernelTmaWarpSpecializedPingpongFP8FastAccum,
                              epi::TmaWarpSpecialized, void, false>;
+// Stream-K (or split-K) for grids that fill the GPU badly.
 using CfgS128CoopSk = Config<Shape<_128, _128, _128>, Shape<_1, _1, _1>,
                              sched::KernelTmaWarpSpecializedCooperative,
                              epi::TmaWarpSpecializedCooperative,
                              cutlass::gemm::StreamKScheduler, false>;
+// Decode: swap-AB so the weights (N) run along the kernel's M and the few tokens (M) are the
+// kernel's N tile. Cooperative + split-K, or ping-pong 64-row tiles with no workspace.
 template <int TN>
 using CfgDecodeSwap = Config<Shape<_128, Int<TN>, _128>, Shape<_1, _1, _1>,
                              sched::KernelTmaWarpSpecializedCooperative,
                              epi::TmaWarpSpecializedCooperative,
                              cutlass::gemm::StreamKScheduler, true>;
+template <int TN>
+using CfgDecodeSwapPp = Config<Shape<_64, Int<TN>, _128>, Shape<_1, _1, _1>,
+                               sched::KernelTmaWarpSpecializedPingpong,
+                               epi::TmaWarpSpecialized, void, true>;
 
 // ---------------------------------------------------------------------------------------
 // The kernel for one (A, B, D) dtype triple and one config.
@@ -185,8 +192,11 @@ struct Sm90Fp8Gemm {
     if constexpr (Cfg::kStreamK) {
       using Decomp = cutlass::gemm::kernel::detail::DecompositionMode;
       using Reduce = cutlass::gemm::kernel::detail::ReductionMode;
-      args.scheduler.splits = g.splits;
-      args.scheduler.decomposition_mode = g.splits > 1 ? Decomp::SplitK : Decomp::DataParallel;
+      // splits: 0 = CUTLASS's stream-K heuristic, 1 = data-parallel, > 1 = split-K.
+      args.scheduler.splits = g.splits > 1 ? g.splits : 1;
+      args.scheduler.decomposition_mode = g.splits == 0   ? Decomp::Heuristic
+                                          : g.splits > 1 ? Decomp::SplitK
+                                                         : Decomp::DataParallel;
       // Deterministic turnstile reduction: results are bit-identical run to run.
       args.scheduler.reduction_mode = Reduce::Deterministic;
     }
@@ -197,6 +207,7 @@ struct Sm90Fp8Gemm {
     if constexpr (!Cfg::kStreamK) {
       if (g.splits != 1) return "this config does not split K (splits must be 1)";
     }
+    if (g.splits < 0) return "splits must be >= 0";
     auto args = make_arguments(g);
     if (GemmKernel::can_implement(args)) return nullptr;
     return "CUTLASS can_implement rejected the problem (alignment or shape)";

@@ -33,14 +33,16 @@ class KernelConfig:
 
 
 _ALL = [
-    KernelConfig("128x256x128_c2x1_coop_2lvl", (128, 256, 128), (2, 1), "cooperative", False, False, "2lvl"),
     KernelConfig("128x256x128_c2x1_coop_fast", (128, 256, 128), (2, 1), "cooperative", False, False, "fast"),
-    KernelConfig("128x128x128_c1x2_pingpong_2lvl", (128, 128, 128), (1, 2), "pingpong", False, False, "2lvl"),
+    KernelConfig("128x128x128_c2x1_coop_2lvl", (128, 128, 128), (2, 1), "cooperative", False, False, "2lvl"),
     KernelConfig("128x128x128_c1x2_pingpong_fast", (128, 128, 128), (1, 2), "pingpong", False, False, "fast"),
     KernelConfig("128x128x128_c1x1_coop_streamk_2lvl", (128, 128, 128), (1, 1), "cooperative", False, True, "2lvl"),
     KernelConfig("swap_128x16x128_coop_streamk_2lvl", (128, 16, 128), (1, 1), "cooperative", True, True, "2lvl"),
     KernelConfig("swap_128x32x128_coop_streamk_2lvl", (128, 32, 128), (1, 1), "cooperative", True, True, "2lvl"),
     KernelConfig("swap_128x64x128_coop_streamk_2lvl", (128, 64, 128), (1, 1), "cooperative", True, True, "2lvl"),
+    KernelConfig("swap_64x16x128_pingpong_2lvl", (64, 16, 128), (1, 1), "pingpong", True, False, "2lvl"),
+    KernelConfig("swap_64x32x128_pingpong_2lvl", (64, 32, 128), (1, 1), "pingpong", True, False, "2lvl"),
+    KernelConfig("swap_64x64x128_pingpong_2lvl", (64, 64, 128), (1, 1), "pingpong", True, False, "2lvl"),
 ]
 CONFIGS = {c.name: c for c in _ALL}
 
@@ -84,39 +86,52 @@ def choose_splits(problem: GemmProblem, cfg: KernelConfig, sm_count: int, max_sp
   return best
 
 
+def wave_efficiency(problem: GemmProblem, cfg: KernelConfig, sm_count: int) -> float:
+  tiles = num_tiles(problem, cfg)
+  return tiles / (math.ceil(tiles / sm_count) * sm_count)
+
+
+#: Below this wave efficiency a data-parallel grid is replaced by stream-K.
+MIN_WAVE_EFFICIENCY = 0.8
+#: CUTLASS's stream-K heuristic decomposition (passed as splits=0 to the kernel).
+STREAM_K_HEURISTIC = 0
+
+
 def select_config(problem: GemmProblem, sm_count: int, *, fast_accum: bool = False,
                   config: Optional[str] = None, splits: Optional[int] = None) -> tuple:
   """Returns (KernelConfig, splits) for the problem on a GPU with `sm_count` SMs.
 
-  Decode (M <= 64): swap-AB with the smallest N tile covering M; split K until the weight
-  stream covers the SMs. Mid M (<= 256): 128x128 stream-K. Large: 128x256 cooperative when it
-  fills the GPU, else 128x128 ping-pong. `fast_accum` selects tensor-core-only accumulation
-  where a fast variant exists (decode configs always promote: they are memory-bound).
+  splits: 1 = data-parallel, > 1 = split-K (deterministic reduction), 0 = CUTLASS's stream-K
+  heuristic (stream-K configs only).
+
+  Decode (M <= 64): swap-AB with the smallest N tile covering M, split K until the weight
+  stream covers the SMs. Otherwise: the largest tile of the requested accumulation mode whose
+  grid fills the GPU's waves well, else 128x128 stream-K. `fast_accum` selects tensor-core-only
+  accumulation where a fast variant exists (decode and stream-K configs always promote).
   """
   if sm_count <= 0:
     raise ValueError(f"sm_count must be positive, got {sm_count}")
   if config is not None:
     cfg = get_config(config)
   else:
-    acc = "fast" if fast_accum else "2lvl"
     m = problem.m
-    if m <= 16:
-      cfg = CONFIGS["swap_128x16x128_coop_streamk_2lvl"]
-    elif m <= 32:
-      cfg = CONFIGS["swap_128x32x128_coop_streamk_2lvl"]
-    elif m <= 64:
-      cfg = CONFIGS["swap_128x64x128_coop_streamk_2lvl"]
-    elif m <= 256:
-      cfg = CONFIGS["128x128x128_c1x1_coop_streamk_2lvl"]
+    if m <= 64:
+      tn = 16 if m <= 16 else 32 if m <= 32 else 64
+      cfg = CONFIGS[f"swap_128x{tn}x128_coop_streamk_2lvl"]
     else:
-      big = CONFIGS[f"128x256x128_c2x1_coop_{acc}"]
-      if num_tiles(problem, big) >= sm_count:
-        cfg = big
-      else:
-        cfg = CONFIGS[f"128x128x128_c1x2_pingpong_{acc}"]
+      candidates = (["128x256x128_c2x1_coop_fast", "128x128x128_c1x2_pingpong_fast"] if fast_accum
+                    else ["128x128x128_c2x1_coop_2lvl"])
+      cfg = CONFIGS["128x128x128_c1x1_coop_streamk_2lvl"]
+      for name in candidates:
+        c = CONFIGS[name]
+        if num_tiles(problem, c) >= sm_count and wave_efficiency(problem, c, sm_count) >= MIN_WAVE_EFFICIENCY:
+          cfg = c
+          break
+      if cfg.stream_k and splits is None:
+        splits = STREAM_K_HEURISTIC
   if splits is None:
     splits = choose_splits(problem, cfg, sm_count)
-  elif splits < 1 or (splits > 1 and not cfg.stream_k):
+  elif splits < 0 or (splits != 1 and not cfg.stream_k):
     raise ValueError(f"splits must be 1 for config {cfg.name} (no split-K), got {splits}"
-                     if splits >= 1 else f"splits must be >= 1, got {splits}")
+                     if splits >= 0 else f"splits must be >= 0, got {splits}")
   return cfg, int(splits)
