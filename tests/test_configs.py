@@ -53,3 +53,28 @@ def test_table_printable():
   text = configs.configs_table()
   for name in configs.CONFIGS:
     assert name in text
+
+
+def test_kernel_table_matches_python_configs():
+  """The C++ kernel table (when built) has exactly the Python configs, for every dtype triple."""
+  from jax_gmma import _backend
+  if not _backend.kernels_built():
+    pytest.skip("jax_gmma was built without CUDA kernels")
+  table = _backend.ext().kernels()
+  names = {k["config"] for k in table}
+  assert names == set(configs.CONFIGS), names ^ set(configs.CONFIGS)
+  assert len(table) == len(configs.CONFIGS) * 2 * 3
+
+
+def test_trace_time_checks_through_extension():
+  """CUTLASS can_implement / workspace size run on the host, no GPU needed."""
+  from jax_gmma import _backend, ops
+  if not _backend.kernels_built():
+    pytest.skip("jax_gmma was built without CUDA kernels")
+  cfg, s, ws = ops.plan(prob(1, 8192, 8192), 132)
+  assert cfg.swap_ab and s >= 1 and ws >= 0
+  cfg, s, ws = ops.plan(prob(8192, 8192, 8192), 132)
+  assert ws >= 0
+  err, _ = _backend.ext().check("nope", "float8_e4m3fn", "float8_e4m3fn", "bfloat16", 1, 16, 16, 1,
+                                132, False, False, False)
+  assert "no kernel" in err
