@@ -78,7 +78,8 @@ def _cuda_lowering(ctx, a, b, a_scale, b_scale, bias, *, out_dtype, has_bias, fa
 mlir.register_lowering(fp8_gemm_p, _cuda_lowering, platform="cuda")
 
 
-def _as_scale(x, name):
+def _as_scale(x):
+  """A scale operand as a float32 vector: (1,) per tensor, (rows,) per row/channel."""
   if x is None:
     return jnp.ones((1,), jnp.float32)
   x = jnp.asarray(x)
@@ -108,7 +109,7 @@ def fp8_gemm(a, b, a_scale=None, b_scale=None, *, bias=None, out_dtype=jnp.bfloa
   """
   a = jnp.asarray(a)
   b = jnp.asarray(b)
-  out_dtype = np.dtype(out_dtype) if not isinstance(out_dtype, str) else np.dtype(jnp.dtype(out_dtype))
+  out_dtype = np.dtype(jnp.dtype(out_dtype))
   a_scale_arr = None if a_scale is None else jnp.asarray(a_scale)
   b_scale_arr = None if b_scale is None else jnp.asarray(b_scale)
   bias_arr = None if bias is None else jnp.asarray(bias)
@@ -123,8 +124,8 @@ def fp8_gemm(a, b, a_scale=None, b_scale=None, *, bias=None, out_dtype=jnp.bfloa
   if config is not None:
     configs.get_config(config)
   a2 = a.reshape(problem.m, problem.k)
-  sa = _as_scale(a_scale_arr, "a_scale")
-  sb = _as_scale(b_scale_arr, "b_scale")
+  sa = _as_scale(a_scale_arr)
+  sb = _as_scale(b_scale_arr)
   if problem.a_scale == "tensor":
     sa = sa[:1]
   if bias_arr is not None:

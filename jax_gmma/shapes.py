@@ -13,11 +13,10 @@ from typing import Optional, Sequence
 import ml_dtypes
 import numpy as np
 
-F8E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
-F8E5M2 = np.dtype(ml_dtypes.float8_e5m2)
+from .formats import E4M3 as F8E4M3, E5M2 as F8E5M2, F32
+
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F16 = np.dtype(np.float16)
-F32 = np.dtype(np.float32)
 
 FP8_DTYPES = (F8E4M3, F8E5M2)
 #: (A dtype, B dtype) pairs with kernels. B is the weight operand.
