@@ -1,6 +1,13 @@
 """Tests import the *installed* jax_gmma (run them with `python3 -P -m pytest tests`, so the
 source tree, which lacks the compiled extension, does not shadow it)."""
+import os
+
 import pytest
+
+# GPU test runs are short on device time: XLA's GEMM autotuning (for the reference dots and
+# peers, never our kernels) costs seconds per new shape. Off unless the caller set it.
+if "xla_gpu_autotune_level" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_gpu_autotune_level=0").strip()
 
 
 def _hopper_with_kernels():

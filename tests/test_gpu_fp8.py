@@ -36,7 +36,6 @@ def rand_fp8(key, shape, dtype):
   return x.astype(dtype)
 
 
-@jax.jit
 def _compare(out, ref):
   out = out.astype(jnp.float32)
   ref = ref.astype(jnp.float32)
@@ -55,14 +54,17 @@ def run_case(m, n, k, a_dt=E4, b_dt=E4, per_row=False, bias=False, out_dtype=jnp
   sa = jax.random.uniform(ks, (m,) if per_row else (), jnp.float32, 0.5, 2.0) / np.sqrt(k)
   sb = jax.random.uniform(kt, (n,) if per_row else (), jnp.float32, 0.5, 2.0)
   bias_v = jax.random.normal(kbias, (n,), jnp.float32).astype(out_dtype) if bias else None
-  f = jax.jit(lambda a, b, sa, sb, bias_v: jax_gmma.fp8_gemm(
-      a, b, sa, sb, bias=bias_v, out_dtype=out_dtype, fast_accum=fast_accum, config=config,
-      splits=splits))
-  out = f(a, b, sa, sb, bias_v)
-  ref = jax.jit(lambda a, b, sa, sb, bias_v: jax_gmma.fp8_gemm_reference(
-      a, b, sa.reshape(-1), sb.reshape(-1), bias_v, out_dtype=jnp.float32,
-      has_bias=bias_v is not None))(a, b, sa, sb, bias_v)
-  err, worst, finite = (float(x) for x in _compare(out, ref))
+
+  # One program per case (one compile): the kernel, the reference, and the comparison.
+  @jax.jit
+  def check(a, b, sa, sb, bias_v):
+    out = jax_gmma.fp8_gemm(a, b, sa, sb, bias=bias_v, out_dtype=out_dtype, fast_accum=fast_accum,
+                            config=config, splits=splits)
+    ref = jax_gmma.fp8_gemm_reference(a, b, sa.reshape(-1), sb.reshape(-1), bias_v,
+                                      out_dtype=jnp.float32, has_bias=bias_v is not None)
+    return _compare(out, ref)
+
+  err, worst, finite = (float(x) for x in check(a, b, sa, sb, bias_v))
   tol = TOL[out_dtype] * (4 if fast_accum else 1)
   label = f"M={m} N={n} K={k} {jnp.dtype(a_dt).name}x{jnp.dtype(b_dt).name}->{jnp.dtype(out_dtype).name} " \
           f"row={per_row} bias={bias} cfg={config} splits={splits}"
