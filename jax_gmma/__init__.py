@@ -5,7 +5,7 @@ everywhere else. See README.md.
 """
 __version__ = "0.1.0"
 
-from . import configs, formats, shapes
+from . import configs, formats, layouts, shapes
 from ._backend import allow_reference, set_allow_reference, KernelUnavailable
 from .api import dot
 from .configs import KernelConfig, select_config
@@ -22,5 +22,5 @@ __all__ = [
     "fp8_gemm", "dot", "quantize", "dequantize", "QuantizedArray", "fp8_gemm_reference",
     "allow_reference", "set_allow_reference", "KernelUnavailable", "GemmProblem",
     "fp8_gemm_problem", "KernelConfig", "select_config", "FORMATS", "get_format", "configs",
-    "formats", "shapes",
+    "formats", "layouts", "shapes",
 ]

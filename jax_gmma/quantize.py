@@ -23,7 +23,7 @@ What a :class:`QuantizedArray` stores
     (:func:`round_to_dtype`, bit-identical to ml_dtypes' casts);
     ``QuantizedArray.dtype`` still reports the logical FP6 dtype.
 ``scales``
-    Plain row-major scale array, ``layout == "rowmajor"``:
+    By default (``layout == "rowmajor"``) the plain row-major scale array:
 
     ===============  =======================================  ==============
     format           scales shape                             dtype
@@ -37,6 +37,13 @@ What a :class:`QuantizedArray` stores
     ===============  =======================================  ==============
 
     Scales are *dequantisation* scales: ``x ~= data * scale`` (blockwise).
+
+    ``quantize(..., layout="sm100_128x4")`` (MX and NVFP4 formats only) stores
+    the same scales in the swizzled 128x4-atom layout of Blackwell
+    block-scaled GEMMs instead, shape
+    ``(..., ceil(rows/128), ceil(K_blocks/4), 32, 4, 4)``, zero-bit padded
+    (see :mod:`jax_gmma.layouts`); ``QuantizedArray.layout`` records it and
+    :func:`dequantize` undoes it.
 ``global_scale``
     NVFP4 only: float32 scalar, ``x ~= data * block_scale * global_scale``.
     ``None`` otherwise.
@@ -90,6 +97,7 @@ import numpy as np
 
 from . import formats as _formats
 from .formats import FORMATS, Format, as_dtype, dtype_emax, dtype_max, get_format
+from . import layouts as _layouts
 
 __all__ = [
     "QuantizedArray",
@@ -211,7 +219,8 @@ class QuantizedArray:
       axis: contraction axis of the original array (non-negative).
       dtype: logical element dtype (e.g. float6_e2m3fn even if stored in a
         float8_e4m3fn container).
-      layout: scale layout tag, ``"rowmajor"``.
+      layout: scale layout name, ``"rowmajor"`` (plain scales) or
+        ``"sm100_128x4"`` (swizzled; see :mod:`jax_gmma.layouts`).
     """
 
     __slots__ = ("data", "scales", "global_scale", "_format", "_layout",
@@ -229,9 +238,7 @@ class QuantizedArray:
         if not -len(shape) <= axis < len(shape):
             raise ValueError(f"QuantizedArray: axis {axis} out of range for "
                              f"shape {shape}")
-        if layout != LAYOUT_ROWMAJOR:
-            raise ValueError(f"QuantizedArray: layout must be "
-                             f"{LAYOUT_ROWMAJOR!r}, got {layout!r}")
+        lay = _layout_or_error(layout, "QuantizedArray")
         if fmt.has_global_scale and global_scale is None:
             raise ValueError(f"QuantizedArray: format {fmt.name!r} needs a "
                              "global_scale")
@@ -239,11 +246,12 @@ class QuantizedArray:
             raise ValueError(f"QuantizedArray: format {fmt.name!r} has no "
                              "global_scale, got one")
         dt = fmt.check_dtype(dtype, "QuantizedArray")
+        _check_layout_format(fmt, lay, "QuantizedArray")
         self.data = data
         self.scales = scales
         self.global_scale = global_scale
         self._format = fmt.name
-        self._layout = layout
+        self._layout = lay.name
         self._shape = shape
         self._axis = int(axis) % len(shape)
         self._dtype_name = dt.name
@@ -330,6 +338,43 @@ class QuantizedArray:
 # ----------------------------------------------------------------------------
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def _layout_or_error(layout, who: str) -> "_layouts.ScaleLayout":
+    """Registered scale layout named ``layout`` (alias ok), or an error that
+    lists the valid names."""
+    names = " or ".join(repr(n) for n in _layouts.LAYOUT_NAMES)
+    if not isinstance(layout, (str, _layouts.ScaleLayout)):
+        raise TypeError(f"{who}: layout must be {names}, got {layout!r}")
+    try:
+        return _layouts.get_layout(layout)
+    except ValueError:
+        raise ValueError(f"{who}: layout must be {names} (see "
+                         f"jax_gmma.layouts.LAYOUTS), got {layout!r}") from None
+
+
+def _check_layout_format(fmt: Format, lay, who: str) -> None:
+    """A non-row-major (swizzled) scale layout needs E8M0/E4M3 block scales
+    with one scale row per data row (MX formats, NVFP4)."""
+    if lay.name == LAYOUT_ROWMAJOR:
+        return
+    if not (fmt.kind == "block" and fmt.block_shape[0] == 1
+            and fmt.scale_dtype in (_formats.E8M0, _E4M3)):
+        ok = ", ".join(f.name for f in FORMATS.values()
+                       if f.kind == "block" and f.block_shape[0] == 1
+                       and f.scale_dtype in (_formats.E8M0, _E4M3))
+        raise ValueError(
+            f"{who}: layout {lay.name!r} is only for block-scaled formats "
+            f"with E8M0/E4M3 scales ({ok}); format {fmt.name!r} has "
+            f"{fmt.scale_dtype.name} {fmt._block_str()} scales")
+
+
+def _rowmajor_scales(q: "QuantizedArray"):
+    """``q.scales`` as the plain row-major array (unswizzled if needed)."""
+    if q.layout == LAYOUT_ROWMAJOR:
+        return q.scales
+    rows, kb = q.format.scales_shape(q.canonical_shape)[-2:]
+    return _layouts.unswizzle_scales(q.scales, rows, kb, q.layout)
 
 
 def _resolve_format(format, who: str) -> Format:
@@ -472,8 +517,8 @@ def _quantize_impl(x, fmt_name: str, dt_name: str, axis: int):
     return data, scales, global_scale
 
 
-def quantize(x, format="fp8_tensor", *, dtype=None, axis: int = -1
-             ) -> QuantizedArray:
+def quantize(x, format="fp8_tensor", *, dtype=None, axis: int = -1,
+             layout: str = LAYOUT_ROWMAJOR) -> QuantizedArray:
     """Quantise a floating array to ``format`` with amax "current scaling".
 
     Args:
@@ -484,16 +529,23 @@ def quantize(x, format="fp8_tensor", *, dtype=None, axis: int = -1
         ``format.dtype``), e.g. ``jnp.float8_e5m2`` for the FP8 formats.
       axis: the contraction (K) axis; blocks run along it.  It is moved last
         in the stored data.
+      layout: scale layout, ``"rowmajor"`` (default: plain scales) or
+        ``"sm100_128x4"`` (MX / NVFP4 only: scales swizzled once, here, into
+        the 128x4-atom layout Blackwell block-scaled GEMMs read; see
+        :mod:`jax_gmma.layouts`).
 
     Returns:
       A :class:`QuantizedArray`; K is zero-padded to whole blocks in ``data``
       and the original shape is recorded so :func:`dequantize` returns it.
 
-    Works under ``jax.jit`` (``format``, ``dtype``, ``axis`` are static).
+    Works under ``jax.jit`` (``format``, ``dtype``, ``axis``, ``layout`` are
+    static).
     """
     who = "quantize"
     fmt = _resolve_format(format, who)
     dt = fmt.check_dtype(dtype, who)
+    lay = _layout_or_error(layout, who)
+    _check_layout_format(fmt, lay, who)
     try:
         storage_dtype(dt)  # fail early, outside jit, if JAX cannot hold dt
     except TypeError as e:
@@ -519,15 +571,19 @@ def quantize(x, format="fp8_tensor", *, dtype=None, axis: int = -1
                          f"{tuple(x.shape)}")
 
     data, scales, global_scale = _quantize_impl(x, fmt.name, dt.name, axis)
+    if lay.name != LAYOUT_ROWMAJOR:
+        scales = _layouts.swizzle_scales(scales, lay)
     return QuantizedArray(data, scales, global_scale, format=fmt,
-                          shape=tuple(x.shape), axis=axis, dtype=dt)
+                          shape=tuple(x.shape), axis=axis, dtype=dt,
+                          layout=lay.name)
 
 
 def dequantize(q: QuantizedArray, dtype=jnp.float32) -> jax.Array:
     """Reconstruct ``data * scales (* global_scale)`` in the original shape and
     axis order (K padding removed), computed in float32 and cast to ``dtype``.
 
-    NaN scales (blocks that held NaN/Inf in FP4/FP6 formats) give NaN."""
+    NaN scales (blocks that held NaN/Inf in FP4/FP6 formats) give NaN.
+    Swizzled scales (``q.layout != "rowmajor"``) are unswizzled first."""
     who = "dequantize"
     if not isinstance(q, QuantizedArray):
         raise TypeError(f"{who}: q must be a QuantizedArray, got "
@@ -536,10 +592,8 @@ def dequantize(q: QuantizedArray, dtype=jnp.float32) -> jax.Array:
     if not jnp.issubdtype(out_dt, jnp.floating):
         raise TypeError(f"{who}: dtype must be a floating dtype, got "
                         f"{out_dt.name}")
-    if q.layout != LAYOUT_ROWMAJOR:
-        raise ValueError(f"{who}: only layout {LAYOUT_ROWMAJOR!r} is supported, "
-                         f"got {q.layout!r}")
-    return _dequantize_impl(q.data, q.scales, q.global_scale, q.format.name,
+    return _dequantize_impl(q.data, _rowmajor_scales(q), q.global_scale,
+                            q.format.name,
                             q.canonical_shape[-1], q.axis, out_dt.name)
 
 
@@ -571,6 +625,7 @@ def to_jax_scaled_matmul_inputs(q: QuantizedArray
     Returns ``(data, scales, global_scale)`` with ``data`` of shape
     ``(B, rows, Kp)`` and ``scales`` of shape ``(B, rows, Kp // block_k)``
     (the leading dims are flattened into ``B``; a 2-D operand gets ``B = 1``).
+    Swizzled scales (``q.layout != "rowmajor"``) are unswizzled first.
     Per-tensor and 128x128 scales are broadcast to one scale per row and
     K-block.  ``global_scale`` (NVFP4) is not understood by scaled_matmul: the
     caller multiplies the product by ``lhs_global * rhs_global``.
@@ -583,7 +638,8 @@ def to_jax_scaled_matmul_inputs(q: QuantizedArray
     if not isinstance(q, QuantizedArray):
         raise TypeError(f"{who}: q must be a QuantizedArray, got "
                         f"{type(q).__name__}")
-    data, scales = _scaled_matmul_inputs_impl(q.data, q.scales, q.format.name)
+    data, scales = _scaled_matmul_inputs_impl(q.data, _rowmajor_scales(q),
+                                              q.format.name)
     return data, scales, q.global_scale
 
 
