@@ -1,0 +1,751 @@
+#!/usr/bin/env python3
+"""A Llama-3-8B-shaped decoder (random weights) with a KV cache and a jitted decode loop, its
+Linear layers in bf16, XLA's FP8, jax-gmma's FP8 GEMMs, and emulated block-scaled formats.
+
+Shapes are Llama-3-8B's (hidden 4096, 32 query heads, 8 KV heads (GQA), head dim 128, SwiGLU FFN
+14336, vocab 128256, RMSNorm eps 1e-5, RoPE theta 500000, no rope scaling); the layer count is a
+flag (``--layers``, default 2; 32 is the full model) and every size can be overridden for a tiny
+CPU run (``--preset tiny`` or ``--hidden/--ffn/--heads/--kv-heads/--vocab``). Weights are random
+(seeded normal / sqrt(fan_in)), one bf16 master copy. Q/K/V are one fused (N, K) = (out, in)
+weight and gate/up another, as inference engines store them; o_proj and down_proj are the other
+two: four GEMMs per layer. The token embedding, the final RMSNorm and the lm_head stay bf16 in
+every variant (as most FP8 checkpoints keep them); the KV cache is bf16.
+
+Each *format* is a separate model variant of the same master weights:
+
+* ``bf16``: ``lax.dot_general`` on bf16 operands (bf16 out) -- the baseline.
+* ``xla_fp8``: XLA's own FP8 path: the weight stored as float8_e4m3fn with per-channel scales,
+  the activation quantized per token in plain jnp, both fp8 operands straight into
+  ``lax.dot_general(x_fp8, w_fp8, (((1,), (1,)), ((), ())), preferred_element_type=bf16)``
+  (what XLA rewrites to a cuBLASLt FP8 GEMM on Hopper), then the scales multiplied in.
+* ``fp8_channel``, ``fp8_tensor`` (any format in ``jax_gmma.api.DOT_WEIGHT_FORMATS``): the weight
+  quantized once with ``jax_gmma.quantize(w, fmt)``, every call ``jax_gmma.dot(x, w_q)`` (x bf16,
+  quantized per token on the fly; bf16 out). The CUTLASS kernel on Hopper, the pure-JAX
+  reference elsewhere.
+* ``emu:FMT`` for any format in ``jax_gmma.FORMATS`` (the block-scaled ones: fp8_1x128,
+  fp8_128x128, mxfp8, mxfp6_e2m3, mxfp6_e3m2, nvfp4, mxfp4): an **emulation, not a kernel**. The
+  weight is quantized and dequantized once (kept in float32), the activation is quantized and
+  dequantized on every call (per token for FP8 per-tensor/per-channel weights, 1x128 for 128x128
+  weights, the same format for MX/NVFP4), and a float32 dot multiplies them. It shows what the
+  format's rounding does to the model; its speed is not a kernel's speed.
+
+Generation: one jitted prefill over the prompt fills the cache, then ``--gen-tokens`` greedy
+(argmax) decode steps run as a ``lax.fori_loop`` inside **one** jitted function, so the whole
+generation is one XLA program (XLA's command buffers / CUDA graphs apply on a GPU as configured
+by default). Reported per format: decode tokens/s (batch x steps / wall time), ms per decode step,
+speedups vs bf16 and vs xla_fp8 of the same run, the final-prompt-position logits against the bf16
+model's (cosine, relative error) and greedy-token agreement with the bf16 model (free-running, and
+teacher-forced on bf16's tokens).
+
+Usage::
+
+  python examples/llama_decode.py --preset tiny                  # seconds on a CPU
+  python3 -P examples/llama_decode.py --layers 32 --gen-tokens 128 --json out.json   # H200
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import gc
+import json
+import math
+import os
+import re
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import jax_gmma  # noqa: E402
+
+BF16 = jnp.bfloat16
+F32 = jnp.float32
+HIGHEST = jax.lax.Precision.HIGHEST
+E4M3_MAX = float(jnp.finfo(jnp.float8_e4m3fn).max)  # 448
+F32_TINY = float(np.finfo(np.float32).tiny)
+NT = (((1,), (1,)), ((), ()))  # (M, K) x (N, K) -> (M, N)
+
+#: The block-scaled formats (no GEMM kernel yet): each runs as ``emu:FMT`` by default.
+BLOCK_FORMATS = ("fp8_1x128", "fp8_128x128", "mxfp8", "mxfp6_e2m3", "mxfp6_e3m2", "nvfp4", "mxfp4")
+DEFAULT_FORMATS = ("bf16", "xla_fp8", "fp8_tensor", "fp8_channel") + tuple(
+    f"emu:{f}" for f in BLOCK_FORMATS)
+BASELINES = ("bf16", "xla_fp8")
+
+
+# ----------------------------------------------------------------------------------------------
+# Config
+# ----------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class LlamaConfig:
+  """Model shape. Defaults: Llama-3-8B (meta-llama/Meta-Llama-3-8B config.json), 2 layers."""
+  vocab: int = 128256
+  hidden: int = 4096
+  layers: int = 2
+  heads: int = 32
+  kv_heads: int = 8
+  head_dim: int = 128
+  ffn: int = 14336
+  eps: float = 1e-5
+  rope_theta: float = 500000.0
+
+  def __post_init__(self):
+    for name in ("vocab", "hidden", "layers", "heads", "kv_heads", "head_dim", "ffn"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+    if self.heads % self.kv_heads:
+      raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
+    if self.head_dim % 2:
+      raise ValueError(f"head_dim must be even (RoPE), got {self.head_dim}")
+
+  @property
+  def qkv_out(self) -> int:
+    return (self.heads + 2 * self.kv_heads) * self.head_dim
+
+  def linear_shapes(self) -> Dict[str, Tuple[int, int]]:
+    """(N, K) = (out, in) of the four GEMMs of a layer."""
+    return {"wqkv": (self.qkv_out, self.hidden), "wo": (self.hidden, self.heads * self.head_dim),
+            "w_gate_up": (2 * self.ffn, self.hidden), "w_down": (self.hidden, self.ffn)}
+
+  def n_params(self) -> int:
+    per_layer = sum(n * k for n, k in self.linear_shapes().values()) + 2 * self.hidden
+    return self.layers * per_layer + 2 * self.vocab * self.hidden + self.hidden
+
+  def check_gemm_shapes(self) -> None:
+    """jax_gmma.dot (and TMA) need K % 16 == 0 and N % 8 == 0 for every GEMM."""
+    from jax_gmma import shapes
+    for name, (n, k) in self.linear_shapes().items():
+      if k % shapes.K_ALIGN or n % shapes.N_ALIGN:
+        raise ValueError(f"{name}: (N, K) = ({n}, {k}); jax_gmma GEMMs need K % {shapes.K_ALIGN}"
+                         f" == 0 and N % {shapes.N_ALIGN} == 0 (choose --hidden/--ffn/--heads/"
+                         "--kv-heads/--head-dim accordingly)")
+
+
+PRESETS = {
+    "llama3-8b": dict(vocab=128256, hidden=4096, heads=32, kv_heads=8, head_dim=128, ffn=14336),
+    # Tiny, same proportions (GQA group 2, FFN 3.5x hidden): a CPU smoke test in seconds.
+    "tiny": dict(vocab=2048, hidden=256, heads=4, kv_heads=2, head_dim=64, ffn=896),
+}
+
+
+# ----------------------------------------------------------------------------------------------
+# Progress bar: tqdm when importable, else a one-line stderr bar
+# ----------------------------------------------------------------------------------------------
+class _SimpleBar:
+  def __init__(self, total: int, desc: str = "", disable: bool = False, file=None):
+    self.total, self.desc, self.disable = max(int(total), 1), desc, disable
+    self.file = file or sys.stderr
+    self.n, self.postfix, self.t0, self._last = 0, "", time.perf_counter(), ""
+    self._draw()
+
+  def _draw(self):
+    if self.disable:
+      return
+    width = 24
+    fill = int(width * min(self.n, self.total) / self.total)
+    line = (f"{self.desc}: [{'#' * fill}{'.' * (width - fill)}] {self.n}/{self.total} "
+            f"{time.perf_counter() - self.t0:.0f}s {self.postfix}")
+    if line != self._last:
+      self.file.write("\r" + line.ljust(len(self._last)))
+      self.file.flush()
+      self._last = line
+
+  def update(self, n: int = 1):
+    self.n += n
+    self._draw()
+
+  def set_postfix_str(self, s: str, refresh: bool = True):
+    self.postfix = s
+    if refresh:
+      self._draw()
+
+  def close(self):
+    if not self.disable and self._last:
+      self.file.write("\n")
+      self.file.flush()
+    self.disable = True
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()
+
+
+def _interactive() -> bool:
+  try:
+    return sys.stderr.isatty()
+  except Exception:  # noqa: BLE001
+    return False
+
+
+def progress_bar(total: int, desc: str, enable: bool = True):
+  """A bar on stderr. Stage changes (``stage(bar, text)``) redraw it only on a terminal, so a
+  log file gets one line per step, not one per stage."""
+  try:
+    from tqdm.auto import tqdm
+  except Exception:  # noqa: BLE001 - tqdm is optional
+    return _SimpleBar(total, desc, disable=not enable)
+  return tqdm(total=total, desc=desc, disable=not enable, file=sys.stderr, dynamic_ncols=True,
+              leave=True, mininterval=0.5 if _interactive() else 30.0)
+
+
+def stage(bar, text: str) -> None:
+  if bar is not None:
+    bar.set_postfix_str(text, refresh=_interactive())
+
+
+# ----------------------------------------------------------------------------------------------
+# Random weights (bf16 master copy)
+# ----------------------------------------------------------------------------------------------
+@functools.partial(jax.jit, static_argnames=("shape", "std"))
+def _normal_bf16(key, *, shape, std):
+  return (jax.random.normal(key, shape, F32) * std).astype(BF16)
+
+
+def init_params(cfg: LlamaConfig, seed: int = 0, progress: bool = False) -> Dict[str, Any]:
+  """Seeded random weights, bf16: Linear weights (N, K) ~ N(0, 1/K) (unit-variance outputs for
+  unit-variance inputs), embedding ~ N(0, 1), RMSNorm gains 1. Generated on the default device
+  one matrix at a time."""
+  root = jax.random.PRNGKey(seed)
+  ones = jnp.ones((cfg.hidden,), BF16)
+  params: Dict[str, Any] = {
+      "embed": _normal_bf16(jax.random.fold_in(root, 1_000_000), shape=(cfg.vocab, cfg.hidden),
+                            std=1.0),
+      "final_norm": ones,
+      "lm_head": _normal_bf16(jax.random.fold_in(root, 1_000_001), shape=(cfg.vocab, cfg.hidden),
+                              std=1.0 / math.sqrt(cfg.hidden)),
+      "layers": [],
+  }
+  with progress_bar(cfg.layers, "random weights (layers)", progress) as bar:
+    for i in range(cfg.layers):
+      lk = jax.random.fold_in(root, i)
+      layer = {"attn_norm": ones, "ffn_norm": ones}
+      for j, (name, (n, k)) in enumerate(cfg.linear_shapes().items()):
+        layer[name] = _normal_bf16(jax.random.fold_in(lk, j), shape=(n, k), std=1.0 / math.sqrt(k))
+      jax.block_until_ready(layer)
+      params["layers"].append(layer)
+      bar.update()
+  return params
+
+
+# ----------------------------------------------------------------------------------------------
+# Formats (model variants)
+# ----------------------------------------------------------------------------------------------
+def gemm_formats() -> Tuple[str, ...]:
+  """Weight formats ``jax_gmma.dot`` runs as a GEMM in the installed jax-gmma."""
+  return tuple(getattr(jax_gmma.api, "DOT_WEIGHT_FORMATS", ("fp8_tensor", "fp8_channel")))
+
+
+#: Activation format an emulated weight format is paired with (what its GEMM would consume).
+EMU_ACTIVATION_FORMAT = {"fp8_tensor": "fp8_channel", "fp8_channel": "fp8_channel",
+                         "fp8_128x128": "fp8_1x128", "fp8_1x128": "fp8_1x128"}
+
+
+def _quantize_per_token_e4m3(x2):
+  """(M, K) float -> (M, K) float8_e4m3fn, (M,) float32 dequantization scales (amax / 448 per
+  row, zero rows -> 1): jax_gmma's fp8_channel rule, spelled in plain jnp for the XLA path."""
+  x32 = x2.astype(F32)
+  amax = jnp.max(jnp.abs(x32), axis=-1)
+  scale = jnp.where(amax > 0, jnp.maximum(amax / E4M3_MAX, F32_TINY), 1.0)
+  q = jnp.clip(x32 / scale[:, None], -E4M3_MAX, E4M3_MAX).astype(jnp.float8_e4m3fn)
+  return q, scale
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+  """How every Linear ``y = x @ w.T`` of the decoder layers is computed. Hashable (static jit
+  argument)."""
+  label: str
+  kind: str                  # "bf16" | "xla_fp8" | "gemm" | "emulated"
+  fmt: Optional[str] = None
+  x_format: Optional[str] = None
+
+  @property
+  def description(self) -> str:
+    return {"bf16": "bf16 dot (baseline)",
+            "xla_fp8": "XLA fp8 dot_general",
+            "gemm": "jax_gmma.dot GEMM",
+            "emulated": f"emulation (x {self.x_format})"}[self.kind]
+
+  def prepare(self, w):
+    """The (N, K) bf16 weight as this variant stores it; done once, outside the decode loop."""
+    if self.kind == "bf16":
+      return w
+    if self.kind == "xla_fp8":
+      q = jax_gmma.quantize(w, "fp8_channel")  # float8_e4m3fn data (N, K), scales (N, 1)
+      return (q.data, q.scales.reshape(-1))
+    q = jax_gmma.quantize(w, self.fmt)
+    if self.kind == "gemm":
+      return q
+    return jax_gmma.dequantize(q, F32)  # emulated: the weight's rounding, kept in float32
+
+  def linear(self, x, w):
+    """x (..., K) bf16 -> (..., N) bf16."""
+    lead, k = x.shape[:-1], x.shape[-1]
+    if self.kind == "gemm":
+      return jax_gmma.dot(x, w, x_format=self.x_format)  # out dtype follows x: bf16
+    x2 = x.reshape(-1, k)
+    if self.kind == "bf16":
+      y = jax.lax.dot_general(x2, w, NT, preferred_element_type=BF16)
+    elif self.kind == "xla_fp8":
+      w8, sw = w
+      x8, sx = _quantize_per_token_e4m3(x2)
+      y = jax.lax.dot_general(x8, w8, NT, preferred_element_type=BF16)  # fp8 x fp8 -> bf16
+      y = (y.astype(F32) * sx[:, None] * sw[None, :]).astype(BF16)
+    else:  # emulated
+      xq = jax_gmma.dequantize(jax_gmma.quantize(x2.astype(F32), self.x_format), F32)
+      y = jax.lax.dot_general(xq, w, NT, precision=HIGHEST,
+                              preferred_element_type=F32).astype(BF16)
+    return y.reshape(*lead, y.shape[-1])
+
+
+def parse_variant(spec: str) -> Variant:
+  """``bf16`` | ``xla_fp8`` | a jax_gmma.dot GEMM format | ``emu:FMT`` (quantize/dequantize)."""
+  spec = spec.strip()
+  if spec in ("bf16", "xla_fp8"):
+    return Variant(label=spec, kind=spec)
+  if spec.startswith("emu:"):
+    fmt = spec[4:]
+    if fmt not in jax_gmma.FORMATS:
+      raise ValueError(f"{spec}: unknown format {fmt!r}; formats: {', '.join(jax_gmma.FORMATS)}")
+    return Variant(label=spec, kind="emulated", fmt=fmt,
+                   x_format=EMU_ACTIVATION_FORMAT.get(fmt, fmt))
+  if spec in gemm_formats():
+    return Variant(label=spec, kind="gemm", fmt=spec, x_format="fp8_channel")
+  if spec in jax_gmma.FORMATS:
+    raise ValueError(f"{spec}: jax_gmma.dot has no GEMM kernel for this format yet (GEMM formats: "
+                     f"{', '.join(gemm_formats())}); use 'emu:{spec}' for the dequantize "
+                     "emulation")
+  raise ValueError(f"{spec}: unknown format; use bf16, xla_fp8, a GEMM format "
+                   f"({', '.join(gemm_formats())}) or emu:FMT with FMT in "
+                   f"{', '.join(jax_gmma.FORMATS)}")
+
+
+def prepare_params(master: Dict[str, Any], variant: Variant, bar=None) -> Dict[str, Any]:
+  """The variant's weights: the four Linears of every layer converted; embedding, norms and the
+  lm_head shared (bf16) with the master copy."""
+  out = {k: master[k] for k in ("embed", "final_norm", "lm_head")}
+  out["layers"] = []
+  for i, layer in enumerate(master["layers"]):
+    new = {}
+    for name, w in layer.items():
+      new[name] = w if name.endswith("norm") else variant.prepare(w)
+    out["layers"].append(jax.block_until_ready(new))
+    stage(bar, f"{variant.label}: weights {i + 1}/{len(master['layers'])}")
+  return out
+
+
+def tree_nbytes(tree) -> int:
+  return int(sum(np.dtype(a.dtype).itemsize * int(np.prod(a.shape))
+                 for a in jax.tree_util.tree_leaves(tree)))
+
+
+# ----------------------------------------------------------------------------------------------
+# The model
+# ----------------------------------------------------------------------------------------------
+def rms_norm(x, gain, eps):
+  x32 = x.astype(F32)
+  y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + eps)
+  return (y * gain.astype(F32)).astype(BF16)
+
+
+def rope(x, pos, theta):
+  """Rotary embedding, HF Llama convention (rotate_half). x (B, T, n, D), pos (T,) int."""
+  d = x.shape[-1]
+  inv = 1.0 / (theta ** (jnp.arange(0, d, 2, dtype=F32) / d))
+  ang = pos.astype(F32)[:, None] * inv[None, :]                   # (T, D/2)
+  cos, sin = jnp.cos(ang)[None, :, None, :], jnp.sin(ang)[None, :, None, :]
+  x1, x2 = x[..., : d // 2].astype(F32), x[..., d // 2:].astype(F32)
+  return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(BF16)
+
+
+def attention(q, k, v, q_pos):
+  """Causal GQA attention. q (B, T, H, D) at absolute positions q_pos (T,); k, v (B, S, KV, D) at
+  positions 0..S-1 (cache slots past the current position are masked)."""
+  b, t, h, d = q.shape
+  kvh = k.shape[2]
+  qg = q.reshape(b, t, kvh, h // kvh, d)
+  s = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=F32) / math.sqrt(d)
+  mask = jnp.arange(k.shape[1])[None, :] <= q_pos[:, None]      # (T, S)
+  s = jnp.where(mask, s, -1e30)
+  p = jax.nn.softmax(s, axis=-1).astype(BF16)
+  o = jnp.einsum("bkgts,bskd->btkgd", p, v, preferred_element_type=F32).astype(BF16)
+  return o.reshape(b, t, h * d)
+
+
+def decoder_layer(lp, h, pos, kv, cfg: LlamaConfig, variant: Variant):
+  """One Llama block on h (B, T, hidden) bf16 at positions pos (T,) = start + arange(T).
+  kv: None (attend to this call's own keys; start must be 0) or this layer's (k, v) cache
+  (B, S, KV, D), updated at pos and returned."""
+  bsz, t, _ = h.shape
+  nh, nkv, d = cfg.heads, cfg.kv_heads, cfg.head_dim
+  x = rms_norm(h, lp["attn_norm"], cfg.eps)
+  qkv = variant.linear(x, lp["wqkv"])
+  q = qkv[..., : nh * d].reshape(bsz, t, nh, d)
+  k = qkv[..., nh * d:(nh + nkv) * d].reshape(bsz, t, nkv, d)
+  v = qkv[..., (nh + nkv) * d:].reshape(bsz, t, nkv, d)
+  q, k = rope(q, pos, cfg.rope_theta), rope(k, pos, cfg.rope_theta)
+  if kv is not None:
+    kc = jax.lax.dynamic_update_slice(kv[0], k, (0, pos[0], 0, 0))
+    vc = jax.lax.dynamic_update_slice(kv[1], v, (0, pos[0], 0, 0))
+    kv = (kc, vc)
+    k, v = kc, vc
+  h = h + variant.linear(attention(q, k, v, pos), lp["wo"])
+  x = rms_norm(h, lp["ffn_norm"], cfg.eps)
+  gu = variant.linear(x, lp["w_gate_up"])
+  act = (jax.nn.silu(gu[..., : cfg.ffn].astype(F32)) * gu[..., cfg.ffn:].astype(F32)).astype(BF16)
+  h = h + variant.linear(act, lp["w_down"])
+  return h, kv
+
+
+def model_apply(params, tokens, start, cache, cfg: LlamaConfig, variant: Variant,
+                last_only: bool):
+  """tokens (B, T) at positions start.. -> float32 logits (B, T, V) (or (B, V) at the last
+  position) and the updated cache (a list of per-layer (k, v), or None)."""
+  t = tokens.shape[1]
+  pos = start + jnp.arange(t, dtype=jnp.int32)
+  h = params["embed"][tokens]
+  new_cache = []
+  for i, lp in enumerate(params["layers"]):
+    h, kv = decoder_layer(lp, h, pos, None if cache is None else cache[i], cfg, variant)
+    new_cache.append(kv)
+  if last_only:
+    h = h[:, -1]
+  h = rms_norm(h, params["final_norm"], cfg.eps)
+  logits = jnp.einsum("...k,vk->...v", h, params["lm_head"], preferred_element_type=F32)
+  return logits, (None if cache is None else new_cache)
+
+
+def empty_cache(cfg: LlamaConfig, batch: int, max_seq: int):
+  shape = (batch, max_seq, cfg.kv_heads, cfg.head_dim)
+  return [(jnp.zeros(shape, BF16), jnp.zeros(shape, BF16)) for _ in range(cfg.layers)]
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "variant"))
+def forward(params, tokens, *, cfg: LlamaConfig, variant: Variant):
+  """No KV cache: logits (B, T, V) float32 for the whole sequence (causal), recomputed."""
+  return model_apply(params, tokens, 0, None, cfg, variant, last_only=False)[0]
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "variant", "max_seq"))
+def prefill(params, tokens, *, cfg: LlamaConfig, variant: Variant, max_seq: int):
+  """One call over the prompt (B, P): last-position logits (B, V) float32 and the KV cache
+  (B, max_seq, KV, D) per layer with slots 0..P-1 filled."""
+  cache = empty_cache(cfg, tokens.shape[0], max_seq)
+  return model_apply(params, tokens, 0, cache, cfg, variant, last_only=True)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "variant", "steps", "collect_logits"),
+                   donate_argnames=("cache",))
+def generate(params, cache, tok0, start, forced, use_forced, *, cfg: LlamaConfig,
+             variant: Variant, steps: int, collect_logits: bool = False):
+  """``steps`` greedy decode steps in one XLA program (a fori_loop over tokens).
+
+  Step i feeds one token per sequence at position start + i -- tok0 at i = 0, then the previous
+  step's argmax; or ``forced[:, i]`` when ``use_forced`` (teacher forcing) -- and writes the
+  argmax of its logits to tokens[:, i]. Returns tokens (B, steps) int32, the cache, and with
+  ``collect_logits`` the float32 logits (steps, B, V)."""
+  bsz = tok0.shape[0]
+  toks = jnp.zeros((bsz, steps), jnp.int32)
+  logits_acc = jnp.zeros((steps, bsz, cfg.vocab), F32) if collect_logits else None
+
+  def body(i, carry):
+    cache, tok, toks, logits_acc = carry
+    tok_in = jnp.where(use_forced, forced[:, i], tok)
+    logits, cache = model_apply(params, tok_in[:, None], start + i, cache, cfg, variant,
+                                last_only=True)
+    nxt = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    toks = jax.lax.dynamic_update_slice(toks, nxt[:, None], (0, i))
+    if logits_acc is not None:
+      logits_acc = jax.lax.dynamic_update_slice(logits_acc, logits[None], (i, 0, 0))
+    return cache, nxt, toks, logits_acc
+
+  cache, _, toks, logits_acc = jax.lax.fori_loop(
+      0, steps, body, (cache, tok0.astype(jnp.int32), toks, logits_acc))
+  return (toks, cache, logits_acc) if collect_logits else (toks, cache)
+
+
+# ----------------------------------------------------------------------------------------------
+# Metrics
+# ----------------------------------------------------------------------------------------------
+def logits_metrics(ref: np.ndarray, got: np.ndarray) -> Dict[str, float]:
+  """ref, got (..., V): cosine per row (mean, min), relative L2 error, top-1 agreement."""
+  r = ref.reshape(-1, ref.shape[-1]).astype(np.float64)
+  g = got.reshape(-1, got.shape[-1]).astype(np.float64)
+  cos = np.sum(r * g, 1) / (np.linalg.norm(r, axis=1) * np.linalg.norm(g, axis=1))
+  return {"cos_mean": float(np.mean(cos)), "cos_min": float(np.min(cos)),
+          "rel_err": float(np.linalg.norm(g - r) / np.linalg.norm(r)),
+          "top1_agree": float(np.mean(np.argmax(r, 1) == np.argmax(g, 1)))}
+
+
+def token_agreement(ref: np.ndarray, got: np.ndarray) -> Dict[str, Any]:
+  """ref, got (B, T) token ids: fraction equal, and per sequence the first index that differs
+  (T when none does)."""
+  eq = ref == got
+  first = [int(np.argmin(row)) if not row.all() else int(row.size) for row in eq]
+  return {"agree": float(np.mean(eq)), "first_divergence": first}
+
+
+def hlo_custom_calls(compiled) -> Dict[str, int]:
+  """custom_call targets in a compiled program, with counts (on a GPU: which GEMM each dot
+  became, e.g. __cublas$lt$matmul$f8 for XLA's FP8 path, jax_gmma's FFI target for dot)."""
+  try:
+    text = compiled.as_text()
+  except Exception:  # noqa: BLE001 - best effort
+    return {}
+  return dict(Counter(re.findall(r'custom_call_target="([^"]+)"', text)))
+
+
+# ----------------------------------------------------------------------------------------------
+# Driver
+# ----------------------------------------------------------------------------------------------
+def _sync(x):
+  return jax.block_until_ready(x)
+
+
+def run_variant(variant: Variant, master, cfg: LlamaConfig, prompt, steps: int, max_seq: int,
+                repeats: int, bar=None, ref: Optional[Dict[str, np.ndarray]] = None
+                ) -> Tuple[Dict[str, Any], Dict[str, np.ndarray]]:
+  """Prepare the variant's weights, compile, generate (timed ``repeats`` times) and, given the
+  bf16 run ``ref``, teacher-force it on bf16's tokens. Returns (row, arrays)."""
+  t0 = time.perf_counter()
+  params = prepare_params(master, variant, bar)
+  prep_s = time.perf_counter() - t0
+  weight_bytes = tree_nbytes(params["layers"])
+  shared_bytes = tree_nbytes({k: params[k] for k in ("embed", "final_norm", "lm_head")})
+  bsz, plen = prompt.shape
+  sargs = dict(cfg=cfg, variant=variant)
+  no_force = jnp.zeros((bsz, steps), jnp.int32)
+
+  stage(bar, f"{variant.label}: compile")
+  t0 = time.perf_counter()
+  pre_c = prefill.lower(params, prompt, max_seq=max_seq, **sargs).compile()
+  logits0, cache = pre_c(params, prompt)
+  tok0 = jnp.argmax(logits0, -1).astype(jnp.int32)
+  start = jnp.asarray(plen, jnp.int32)
+  gen_c = generate.lower(params, cache, tok0, start, no_force, jnp.asarray(False),
+                         steps=steps, **sargs).compile()
+  compile_s = time.perf_counter() - t0
+  calls = hlo_custom_calls(gen_c)
+
+  flags = {False: jnp.asarray(False), True: jnp.asarray(True)}  # on device before any timing
+
+  def once(forced, use_forced):
+    """(prefill + first token) and (decode loop) wall times; only device work in between."""
+    t_a = time.perf_counter()
+    logits0, cache = pre_c(params, prompt)
+    tok0 = _sync(jnp.argmax(logits0, -1).astype(jnp.int32))
+    _sync(cache)
+    t_b = time.perf_counter()
+    toks, _ = _sync(gen_c(params, cache, tok0, start, forced, flags[use_forced]))
+    t_c = time.perf_counter()
+    return logits0, tok0, toks, t_b - t_a, t_c - t_b
+
+  stage(bar, f"{variant.label}: warm-up")
+  once(no_force, False)
+  pre_t, gen_t = [], []
+  for r in range(repeats):
+    stage(bar, f"{variant.label}: generate {r + 1}/{repeats} ({bsz}x{steps} tokens)")
+    logits0, tok0, toks, tp, tg = once(no_force, False)
+    pre_t.append(tp)
+    gen_t.append(tg)
+  logits0 = np.asarray(logits0, np.float32)
+  tokens = np.concatenate([np.asarray(tok0)[:, None], np.asarray(toks)], axis=1)  # (B, steps+1)
+  gen_s = float(np.median(gen_t))
+  row: Dict[str, Any] = {
+      "format": variant.label, "kind": variant.kind, "what_runs": variant.description,
+      "tokens_per_s": bsz * steps / gen_s, "ms_per_token": 1e3 * gen_s / steps,
+      "decode_s": gen_s, "decode_s_all": gen_t, "prefill_ms": 1e3 * float(np.median(pre_t)),
+      "prefill_ms_all": [1e3 * x for x in pre_t], "compile_s": compile_s, "prepare_s": prep_s,
+      "layer_weight_bytes": weight_bytes, "weight_bytes": weight_bytes + shared_bytes,
+      "custom_calls": calls,
+  }
+  if not np.all(np.isfinite(logits0)):
+    raise FloatingPointError(f"{variant.label}: non-finite prefill logits")
+  if ref is not None:
+    stage(bar, f"{variant.label}: teacher-forced vs bf16")
+    ref_tokens = ref["tokens"]
+    _, tf0, tf_toks, _, _ = once(jnp.asarray(ref_tokens[:, :steps], jnp.int32), True)
+    tf = np.concatenate([np.asarray(tf0)[:, None], np.asarray(tf_toks)], axis=1)
+    row["logits_vs_bf16"] = logits_metrics(ref["logits0"], logits0)
+    row["greedy_vs_bf16"] = token_agreement(ref_tokens, tokens)
+    row["teacher_forced_vs_bf16"] = token_agreement(ref_tokens, tf)
+  return row, {"logits0": logits0, "tokens": tokens}
+
+
+def run(formats: Sequence[str] = DEFAULT_FORMATS, cfg: LlamaConfig = LlamaConfig(),
+        batch: int = 1, prompt_len: int = 32, gen_tokens: int = 32, max_seq: Optional[int] = None,
+        repeats: int = 3, seed: int = 0, progress: bool = True, log=print) -> Dict[str, Any]:
+  """Build the bf16 master weights, then run every format on the same prompt. The bf16 model
+  always runs first (it is the reference of every comparison)."""
+  variants = [parse_variant(f) for f in formats]
+  labels = [v.label for v in variants]
+  if len(set(labels)) != len(labels):
+    raise ValueError(f"duplicate formats in {labels}")
+  variants = [parse_variant("bf16")] + [v for v in variants if v.label != "bf16"]
+  if gen_tokens < 1 or prompt_len < 1 or batch < 1 or repeats < 1:
+    raise ValueError("batch, prompt_len, gen_tokens and repeats must be >= 1")
+  need = prompt_len + gen_tokens
+  max_seq = max_seq or need
+  if max_seq < need:
+    raise ValueError(f"max_seq ({max_seq}) must be >= prompt_len + gen_tokens ({need})")
+  if any(v.kind == "gemm" for v in variants):
+    cfg.check_gemm_shapes()
+    from jax_gmma import _backend
+    if _backend.cuda_devices():  # fail now, not after building 16 GB of weights
+      _backend.check_cuda_kernels("dot")
+
+  dev = jax.devices()[0]
+  log(f"backend: {jax.default_backend()} ({dev.device_kind}); jax {jax.__version__}; "
+      f"jax_gmma from {Path(jax_gmma.__file__).parent}; "
+      f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
+  log(f"model: {cfg} ({cfg.n_params() / 1e9:.3f} B params, bf16 weights "
+      f"{2 * cfg.n_params() / 2**30:.2f} GiB)")
+  log(f"batch {batch}, prompt {prompt_len} tokens, {gen_tokens} decode steps, KV cache "
+      f"{max_seq} slots, {repeats} timed repeat(s)")
+
+  if jax.default_backend() == "cpu" and cfg.hidden >= 4096:
+    log("note: full Llama-3-8B widths on a CPU take about a second per decode step per format; "
+        "--preset tiny is the quick smoke run")
+  t0 = time.perf_counter()
+  master = init_params(cfg, seed, progress)
+  init_s = time.perf_counter() - t0
+  prompt = jnp.asarray(np.random.default_rng(seed).integers(0, cfg.vocab, (batch, prompt_len)),
+                       jnp.int32)
+
+  rows, ref = [], None
+  with progress_bar(len(variants), "formats", progress) as bar:
+    for v in variants:
+      row, arrays = run_variant(v, master, cfg, prompt, gen_tokens, max_seq, repeats, bar, ref)
+      if ref is None:
+        ref = arrays
+      rows.append(row)
+      gc.collect()  # the variant's weights and programs are gone: free them before the next
+      bar.update()
+  notes = []
+  if jax.default_backend() == "gpu":
+    for r in rows:
+      f8 = [t for t in r["custom_calls"] if "f8" in t.lower()]
+      if r["kind"] == "xla_fp8" and not f8:
+        notes.append(f"{r['format']}: no FP8 GEMM (no custom call with 'f8' in its target) in the "
+                     "compiled decode program: XLA did not rewrite the fp8 dot_general to cuBLASLt"
+                     " FP8; its timing is not XLA's FP8 path")
+  else:
+    notes.append(f"backend {jax.default_backend()}: jax_gmma.dot runs its pure-JAX reference and "
+                 "XLA computes fp8 dots in software here; the timings are a smoke test, not a "
+                 "performance number")
+  base = {r["format"]: r["tokens_per_s"] for r in rows if r["format"] in BASELINES}
+  for r in rows:
+    for b in BASELINES:
+      r[f"speedup_vs_{b}"] = r["tokens_per_s"] / base[b] if b in base else None
+  return {
+      "backend": jax.default_backend(), "device": dev.device_kind, "jax": jax.__version__,
+      "jax_gmma": str(Path(jax_gmma.__file__).parent),
+      "xla_flags": os.environ.get("XLA_FLAGS", ""), "gemm_formats": list(gemm_formats()),
+      "config": dataclasses.asdict(cfg), "n_params": cfg.n_params(), "batch": batch,
+      "prompt_len": prompt_len, "gen_tokens": gen_tokens, "max_seq": max_seq,
+      "repeats": repeats, "seed": seed, "init_s": init_s,
+      "lm_head": "bf16 in every variant (as are the embedding and the norms)",
+      "bf16_tokens": ref["tokens"].tolist(), "notes": notes, "results": rows,
+  }
+
+
+def format_table(result: Dict[str, Any]) -> str:
+  head = ("format", "what runs", "tok/s", "ms/tok", "x bf16", "x xla_fp8", "prefill ms",
+          "weights GiB", "cos vs bf16", "rel err", "greedy agree", "1st diff", "forced agree")
+  lines = []
+  f = lambda x, spec: "-" if x is None else format(x, spec)  # noqa: E731
+  for r in result["results"]:
+    lm = r.get("logits_vs_bf16")
+    lines.append((r["format"], r["what_runs"], f(r["tokens_per_s"], ".1f"),
+                  f(r["ms_per_token"], ".2f"), f(r["speedup_vs_bf16"], ".2f"),
+                  f(r["speedup_vs_xla_fp8"], ".2f"), f(r["prefill_ms"], ".1f"),
+                  f(r["weight_bytes"] / 2**30, ".3f"),
+                  "(ref)" if lm is None else f"{lm['cos_mean']:.5f}",
+                  "(ref)" if lm is None else f"{lm['rel_err']:.4f}",
+                  "(ref)" if lm is None else f"{r['greedy_vs_bf16']['agree']:.3f}",
+                  "(ref)" if lm is None else str(min(r["greedy_vs_bf16"]["first_divergence"])),
+                  "(ref)" if lm is None else f"{r['teacher_forced_vs_bf16']['agree']:.3f}"))
+  widths = [max(len(str(x)) for x in col) for col in zip(head, *lines)]
+  fmt = lambda row: "  ".join(str(c).ljust(w) for c, w in zip(row, widths))  # noqa: E731
+  return "\n".join([fmt(head), fmt(["-" * w for w in widths])] + [fmt(r) for r in lines])
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--formats", default=",".join(DEFAULT_FORMATS),
+                  help="comma-separated: bf16, xla_fp8, GEMM formats (%s), emu:FMT emulations "
+                       "(default: %%(default)s); bf16 always runs (the reference)"
+                       % ", ".join(gemm_formats()))
+  ap.add_argument("--preset", choices=sorted(PRESETS), default="llama3-8b",
+                  help="model shape (default: %(default)s); the flags below override it")
+  ap.add_argument("--layers", type=int, default=2, help="decoder layers (default 2; 32 = full)")
+  for name in ("hidden", "ffn", "heads", "kv-heads", "head-dim", "vocab"):
+    ap.add_argument(f"--{name}", type=int, default=None, help=f"override the preset's {name}")
+  ap.add_argument("--batch", type=int, default=1, help="sequences decoded together (default 1)")
+  ap.add_argument("--prompt-len", type=int, default=32, help="prompt tokens (default 32)")
+  ap.add_argument("--gen-tokens", type=int, default=32,
+                  help="decode steps timed per generation (default 32)")
+  ap.add_argument("--max-seq", type=int, default=None,
+                  help="KV cache slots (default prompt-len + gen-tokens)")
+  ap.add_argument("--repeats", type=int, default=3,
+                  help="timed generations per format, median reported (default 3)")
+  ap.add_argument("--seed", type=int, default=0)
+  ap.add_argument("--json", metavar="PATH", help="write all results as JSON")
+  ap.add_argument("--no-progress", action="store_true", help="no progress bars")
+  args = ap.parse_args(argv)
+
+  shape = dict(PRESETS[args.preset])
+  for name in ("hidden", "ffn", "heads", "kv_heads", "head_dim", "vocab"):
+    if getattr(args, name) is not None:
+      shape[name] = getattr(args, name)
+  if (args.hidden is not None or args.heads is not None) and args.head_dim is None:
+    shape["head_dim"] = shape["hidden"] // shape["heads"]  # Llama: head_dim = hidden / heads
+  formats = [f for f in args.formats.split(",") if f.strip()]
+  try:
+    cfg = LlamaConfig(layers=args.layers, **shape)
+    if any(parse_variant(fmt).kind == "gemm" for fmt in formats):
+      cfg.check_gemm_shapes()
+  except ValueError as e:
+    ap.error(str(e))
+  try:
+    result = run(formats, cfg, batch=args.batch, prompt_len=args.prompt_len,
+                 gen_tokens=args.gen_tokens, max_seq=args.max_seq, repeats=args.repeats,
+                 seed=args.seed, progress=not args.no_progress)
+  except jax_gmma.KernelUnavailable as e:
+    print(f"llama_decode: {e}", file=sys.stderr)
+    return 2
+  print()
+  print(format_table(result))
+  print(f"\ntok/s: decode tokens per second (batch {result['batch']} x {result['gen_tokens']} "
+        "steps, one jitted fori_loop, median of the repeats); ms/tok: wall time per decode step; "
+        "x bf16 / x xla_fp8: tok/s relative to those rows; prefill ms: one jitted call over the "
+        "prompt; weights: all weights the variant holds (emulated weights are float32); cos / "
+        "rel err: final-prompt-position logits vs the bf16 model's; greedy agree: fraction of "
+        "generated tokens equal to bf16's (free-running, diverged sequences stay diverged); "
+        "1st diff: index of the first generated token that differs (earliest sequence); "
+        "forced agree: same, fed bf16's tokens (teacher forcing). The lm_head, embedding and "
+        "norms are bf16 in every row. emu:FMT rows are a quantize-dequantize emulation in "
+        "float32, not a GEMM kernel: their speed is not a format's speed.")
+  calls = {r["format"]: r["custom_calls"] for r in result["results"] if r["custom_calls"]}
+  if calls:
+    print("\ncustom calls in each compiled decode program:")
+    for k, v in calls.items():
+      print(f"  {k}: " + ", ".join(f"{t} x{n}" for t, n in sorted(v.items())))
+  for note in result["notes"]:
+    print(f"\nnote: {note}")
+  if args.json:
+    Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.json}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
