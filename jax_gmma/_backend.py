@@ -21,21 +21,22 @@ _prepared: set = set()
 
 
 @functools.lru_cache(maxsize=None)
-def ext():
-  """The nanobind extension module, or None when the package was installed without it."""
+def _load_ext():
   try:
     from . import _gmma_ext  # type: ignore[attr-defined]
-  except ImportError:
-    return None
-  return _gmma_ext
+  except ImportError as e:
+    return None, str(e)
+  return _gmma_ext, None
+
+
+def ext():
+  """The nanobind extension module, or None when the package was installed without it."""
+  return _load_ext()[0]
 
 
 def ext_import_error() -> Optional[str]:
-  try:
-    from . import _gmma_ext  # noqa: F401
-  except ImportError as e:
-    return str(e)
-  return None
+  """Why the extension could not be imported (None when it was)."""
+  return _load_ext()[1]
 
 
 def kernels_built() -> bool:
