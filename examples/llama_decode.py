@@ -29,6 +29,9 @@ Each *format* is a separate model variant of the same master weights:
   weights, the same format for MX/NVFP4), and a float32 dot multiplies them. It shows what the
   format's rounding does to the model; its speed is not a kernel's speed.
 
+The GEMM and ``emu:FMT`` kinds, and their spec grammar, live in ``examples/quantized_linear.py``
+(shared with ``minilm.py``); ``bf16`` and ``xla_fp8`` are this example's own.
+
 Generation: one jitted prefill over the prompt fills the cache, then ``--gen-tokens`` greedy
 (argmax) decode steps run as a ``lax.fori_loop`` inside **one** jitted function, so the whole
 generation is one XLA program (XLA's command buffers / CUDA graphs apply on a GPU as configured
@@ -64,9 +67,13 @@ import numpy as np  # noqa: E402
 
 import jax_gmma  # noqa: E402
 
+# examples/ on sys.path, for the shared quantized_linear.py (run as a script, with -P, or by path)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from quantized_linear import (  # noqa: E402,F401 (EMU_ACTIVATION_FORMAT: re-exported)
+    EMU_ACTIVATION_FORMAT, QuantizedLinear, UnknownFormat, gemm_formats, parse_spec)
+
 BF16 = jnp.bfloat16
 F32 = jnp.float32
-HIGHEST = jax.lax.Precision.HIGHEST
 E4M3_MAX = float(jnp.finfo(jnp.float8_e4m3fn).max)  # 448
 F32_TINY = float(np.finfo(np.float32).tiny)
 NT = (((1,), (1,)), ((), ()))  # (M, K) x (N, K) -> (M, N)
@@ -237,16 +244,6 @@ def init_params(cfg: LlamaConfig, seed: int = 0, progress: bool = False) -> Dict
 # ----------------------------------------------------------------------------------------------
 # Formats (model variants)
 # ----------------------------------------------------------------------------------------------
-def gemm_formats() -> Tuple[str, ...]:
-  """Weight formats ``jax_gmma.dot`` runs as a GEMM in the installed jax-gmma."""
-  return tuple(getattr(jax_gmma.api, "DOT_WEIGHT_FORMATS", ("fp8_tensor", "fp8_channel")))
-
-
-#: Activation format an emulated weight format is paired with (what its GEMM would consume).
-EMU_ACTIVATION_FORMAT = {"fp8_tensor": "fp8_channel", "fp8_channel": "fp8_channel",
-                         "fp8_128x128": "fp8_1x128", "fp8_1x128": "fp8_1x128"}
-
-
 def _quantize_per_token_e4m3(x2):
   """(M, K) float -> (M, K) float8_e4m3fn, (M,) float32 dequantization scales (amax / 448 per
   row, zero rows -> 1): jax_gmma's fp8_channel rule, spelled in plain jnp for the XLA path."""
@@ -258,13 +255,9 @@ def _quantize_per_token_e4m3(x2):
 
 
 @dataclasses.dataclass(frozen=True)
-class Variant:
-  """How every Linear ``y = x @ w.T`` of the decoder layers is computed. Hashable (static jit
-  argument)."""
-  label: str
-  kind: str                  # "bf16" | "xla_fp8" | "gemm" | "emulated"
-  fmt: Optional[str] = None
-  x_format: Optional[str] = None
+class Variant(QuantizedLinear):
+  """How every Linear ``y = x @ w.T`` of the decoder layers is computed: kind "bf16", "xla_fp8",
+  or a jax-gmma GEMM / emulation spec (``quantized_linear``). Hashable (static jit argument)."""
 
   @property
   def description(self) -> str:
@@ -280,28 +273,21 @@ class Variant:
     if self.kind == "xla_fp8":
       q = jax_gmma.quantize(w, "fp8_channel")  # float8_e4m3fn data (N, K), scales (N, 1)
       return (q.data, q.scales.reshape(-1))
-    q = jax_gmma.quantize(w, self.fmt)
-    if self.kind == "gemm":
-      return q
-    return jax_gmma.dequantize(q, F32)  # emulated: the weight's rounding, kept in float32
+    return super().prepare(w)  # gemm: QuantizedArray; emulated: dequantized float32
 
   def linear(self, x, w):
     """x (..., K) bf16 -> (..., N) bf16."""
+    if self.kind not in ("bf16", "xla_fp8"):
+      return super().linear(x, w)  # gemm: jax_gmma.dot (out dtype follows x); emulated
     lead, k = x.shape[:-1], x.shape[-1]
-    if self.kind == "gemm":
-      return jax_gmma.dot(x, w, x_format=self.x_format)  # out dtype follows x: bf16
     x2 = x.reshape(-1, k)
     if self.kind == "bf16":
       y = jax.lax.dot_general(x2, w, NT, preferred_element_type=BF16)
-    elif self.kind == "xla_fp8":
+    else:  # xla_fp8
       w8, sw = w
       x8, sx = _quantize_per_token_e4m3(x2)
       y = jax.lax.dot_general(x8, w8, NT, preferred_element_type=BF16)  # fp8 x fp8 -> bf16
       y = (y.astype(F32) * sx[:, None] * sw[None, :]).astype(BF16)
-    else:  # emulated
-      xq = jax_gmma.dequantize(jax_gmma.quantize(x2.astype(F32), self.x_format), F32)
-      y = jax.lax.dot_general(xq, w, NT, precision=HIGHEST,
-                              preferred_element_type=F32).astype(BF16)
     return y.reshape(*lead, y.shape[-1])
 
 
@@ -310,21 +296,12 @@ def parse_variant(spec: str) -> Variant:
   spec = spec.strip()
   if spec in ("bf16", "xla_fp8"):
     return Variant(label=spec, kind=spec)
-  if spec.startswith("emu:"):
-    fmt = spec[4:]
-    if fmt not in jax_gmma.FORMATS:
-      raise ValueError(f"{spec}: unknown format {fmt!r}; formats: {', '.join(jax_gmma.FORMATS)}")
-    return Variant(label=spec, kind="emulated", fmt=fmt,
-                   x_format=EMU_ACTIVATION_FORMAT.get(fmt, fmt))
-  if spec in gemm_formats():
-    return Variant(label=spec, kind="gemm", fmt=spec, x_format="fp8_channel")
-  if spec in jax_gmma.FORMATS:
-    raise ValueError(f"{spec}: jax_gmma.dot has no GEMM kernel for this format yet (GEMM formats: "
-                     f"{', '.join(gemm_formats())}); use 'emu:{spec}' for the dequantize "
-                     "emulation")
-  raise ValueError(f"{spec}: unknown format; use bf16, xla_fp8, a GEMM format "
-                   f"({', '.join(gemm_formats())}) or emu:FMT with FMT in "
-                   f"{', '.join(jax_gmma.FORMATS)}")
+  try:
+    return parse_spec(spec, Variant)
+  except UnknownFormat:
+    raise ValueError(f"{spec}: unknown format; use bf16, xla_fp8, a GEMM format "
+                     f"({', '.join(gemm_formats())}) or emu:FMT with FMT in "
+                     f"{', '.join(jax_gmma.FORMATS)}") from None
 
 
 def prepare_params(master: Dict[str, Any], variant: Variant, bar=None) -> Dict[str, Any]:

@@ -21,7 +21,8 @@ model over the sentences of ``examples/sentences.txt``:
   does to the model before a kernel exists (the block-scaled formats: mxfp8, nvfp4, mxfp4, mxfp6).
 
 When a format gains a GEMM kernel (it appears in ``DOT_WEIGHT_FORMATS``), its plain name runs the
-kernel with no change here.
+kernel with no change here. Both kinds, and the spec grammar, live in
+``examples/quantized_linear.py`` (shared with ``llama_decode.py``).
 
 Usage::
 
@@ -57,6 +58,11 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import jax_gmma  # noqa: E402
+
+# examples/ on sys.path, for the shared quantized_linear.py (run as a script, with -P, or by path)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from quantized_linear import (  # noqa: E402,F401 (EMU_ACTIVATION_FORMAT: re-exported)
+    EMU_ACTIVATION_FORMAT, QuantizedLinear, gemm_formats, parse_spec)
 
 HERE = Path(__file__).resolve().parent
 SENTENCES_FILE = HERE / "sentences.txt"
@@ -214,43 +220,21 @@ def tokenize(tokenizer, sentences: Sequence[str]) -> Tuple[np.ndarray, np.ndarra
 # ----------------------------------------------------------------------------------------------
 # Linear methods: float, jax-gmma GEMM, or quantize-dequantize emulation
 # ----------------------------------------------------------------------------------------------
-def gemm_formats() -> Tuple[str, ...]:
-  """Weight formats ``jax_gmma.dot`` runs as a GEMM in the installed jax-gmma."""
-  return tuple(getattr(jax_gmma.api, "DOT_WEIGHT_FORMATS", ("fp8_tensor", "fp8_channel")))
-
-
-#: Activation format an emulated weight format is paired with (what its GEMM would consume).
-#: FP8 per-tensor/per-channel weights: activations per token (as ``jax_gmma.dot`` does);
-#: DeepSeek-style 128x128 weight blocks: 1x128 activation blocks; MX/NV formats: the same format.
-EMU_ACTIVATION_FORMAT = {"fp8_tensor": "fp8_channel", "fp8_channel": "fp8_channel",
-                         "fp8_128x128": "fp8_1x128", "fp8_1x128": "fp8_1x128"}
-
-
 @dataclasses.dataclass(frozen=True)
-class Method:
-  """How a Linear ``y = x @ w.T + b`` is computed. Hashable: it is a static jit argument."""
-  label: str
-  kind: str                  # "float" | "gemm" | "emulated"
-  fmt: Optional[str] = None  # weight format (gemm, emulated)
-  x_format: Optional[str] = None
+class Method(QuantizedLinear):
+  """How a Linear ``y = x @ w.T + b`` is computed: kind "float", or a jax-gmma GEMM / emulation
+  spec (``quantized_linear``). Hashable: it is a static jit argument."""
 
   def prepare(self, w_nk: np.ndarray):
     """The weight as the method stores it, computed once, outside the jitted forward."""
     w = jnp.asarray(w_nk, jnp.float32)
     if self.kind == "float":
       return w
-    wq = jax_gmma.quantize(w, self.fmt)
-    if self.kind == "gemm":
-      return wq
-    return jax_gmma.dequantize(wq)  # emulated: the weight's rounding, kept in float32
+    return super().prepare(w)
 
   def linear(self, x, w, b):
-    if self.kind == "gemm":
-      return jax_gmma.dot(x, w, bias=b, x_format=self.x_format)  # out dtype follows x
-    if self.kind == "emulated":
-      xq = jax_gmma.dequantize(jax_gmma.quantize(x.astype(jnp.float32), self.x_format))
-      y = jnp.matmul(xq, w.T, precision=HIGHEST)
-      return (y + b).astype(x.dtype)
+    if self.kind != "float":
+      return super().linear(x, w, b)
     y = jnp.matmul(x, w.astype(x.dtype).T, precision=HIGHEST,
                    preferred_element_type=jnp.float32)
     return (y + b).astype(x.dtype)
@@ -262,21 +246,7 @@ def float_method(dtype: str = "float32") -> Method:
 
 def parse_method(spec: str) -> Method:
   """``FMT`` -> jax-gmma GEMM (FMT must have a kernel); ``emu:FMT`` -> dequantize emulation."""
-  spec = spec.strip()
-  if spec.startswith("emu:"):
-    fmt = spec[4:]
-    if fmt not in jax_gmma.FORMATS:
-      raise ValueError(f"{spec}: unknown format {fmt!r}; formats: {', '.join(jax_gmma.FORMATS)}")
-    return Method(label=spec, kind="emulated", fmt=fmt,
-                  x_format=EMU_ACTIVATION_FORMAT.get(fmt, fmt))
-  if spec in gemm_formats():
-    return Method(label=spec, kind="gemm", fmt=spec, x_format="fp8_channel")
-  if spec in jax_gmma.FORMATS:
-    raise ValueError(f"{spec}: jax_gmma.dot has no GEMM kernel for this format yet (GEMM formats: "
-                     f"{', '.join(gemm_formats())}); use 'emu:{spec}' for the dequantize "
-                     "emulation")
-  raise ValueError(f"{spec}: unknown format; GEMM formats: {', '.join(gemm_formats())}; "
-                   f"emulation: emu:FMT with FMT in {', '.join(jax_gmma.FORMATS)}")
+  return parse_spec(spec, Method)
 
 
 def prepare_params(params: Dict, method: Method) -> Dict:

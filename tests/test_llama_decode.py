@@ -10,10 +10,7 @@ CUTLASS kernel on a Hopper GPU with the kernels built); on a CUDA GPU where ``do
 (and the reference is not allowed) it skips with jax_gmma's reason. Thresholds are explained in
 examples/README.md.
 """
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,10 +18,7 @@ import pytest
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-import jax_gmma  # noqa: E402
-from jax_gmma import _backend  # noqa: E402
-
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "llama_decode.py"
+from _examples import load_example, skip_unless_dot_runs  # noqa: E402
 
 # Tiny Llama: GQA group 2, FFN 3.5x hidden, 2 layers; every GEMM has K % 16 == 0, N % 8 == 0.
 TINY = dict(vocab=512, hidden=128, layers=2, heads=4, kv_heads=2, head_dim=32, ffn=448)
@@ -49,22 +43,10 @@ XLA_VS_GMMA_MAX_REL_ERR = 0.03
 EMU_MIN_MEAN_COS = {"emu:mxfp8": 0.99, "emu:nvfp4": 0.9}
 
 
-def _load_example():
-  spec = importlib.util.spec_from_file_location("jax_gmma_llama_decode_example", EXAMPLE)
-  mod = importlib.util.module_from_spec(spec)
-  sys.modules[spec.name] = mod
-  spec.loader.exec_module(mod)
-  return mod
-
-
 @pytest.fixture(scope="module")
 def ld():
-  if _backend.cuda_devices():  # on CPU/TPU dot is the pure-JAX reference: nothing to check
-    try:
-      _backend.check_cuda_kernels("dot")
-    except jax_gmma.KernelUnavailable as e:
-      pytest.skip(f"jax_gmma.dot cannot run on this GPU: {e}")
-  return _load_example()
+  skip_unless_dot_runs()
+  return load_example("llama_decode.py", "jax_gmma_llama_decode_example")
 
 
 @pytest.fixture(scope="module")

