@@ -1,24 +1,46 @@
 #!/usr/bin/env bash
-# One GPU session: install with a prebuilt kernel library (built on a CPU machine with
+# One GPU session on the device machine. The kernel library is built on a CPU machine
 #   cmake -S . -B build/cuda && cmake --build build/cuda -j2 --target jax_gmma_cuda
-# and copied to prebuilt/), print `info`, run the GPU tests and the benchmark.
-# Usage: scripts/gpu_session.sh [pytest -k expr] [bench suite]
+# and copied to prebuilt/ (carried with the call); here only the small extension is built.
+#
+# Usage: scripts/gpu_session.sh MODE
+#   tests    all tests (GPU tests included); TESTS="-k expr" narrows them
+#   measure  SASS check, key GPU tests, large + decode + host benchmark suites
+#   decode   SASS check, CUDA-graph test, decode chains (+ DECODE_CONFIGS rows), host cost
+# Logs and results go to $OUT (at most 8 files come back from the device machine).
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-/tmp/jax_gmma_out}
-mkdir -p "$OUT"
+MODE=${1:-tests}
 export PYTHONUNBUFFERED=1
 cd "$REPO"
-t0=$(date +%s)
 JAX_GMMA_PREBUILT_CUDA_LIB="$REPO/prebuilt/libjax_gmma_cuda.so" \
-  python3 -m pip install --no-build-isolation --no-deps --no-index -q . > "$OUT/install.log" 2>&1 \
-  || { tail -40 "$OUT/install.log"; exit 1; }
-echo "install: $(( $(date +%s) - t0 )) s"
-cd /tmp && python3 -m jax_gmma info | tee "$OUT/info.txt"
-cd "$REPO"
-if [ "${1:-}" != "none" ]; then
-  python3 -P -m pytest -q -p no:cacheprovider tests ${1:+-k "$1"} 2>&1 | tee "$OUT/pytest.log" | tail -30
-fi
-if [ -n "${2:-}" ]; then
-  python3 -P benchmarks/bench_fp8.py --suite "$2" --out "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -60
-fi
+  python3 -m pip install --no-build-isolation --no-deps --no-index -q . > /tmp/install.log 2>&1 \
+  || { tail -40 /tmp/install.log; exit 1; }
+(cd /tmp && python3 -m jax_gmma info) > "$OUT/info.txt"
+bench() {  # suite, timeout, extra args...
+  local suite=$1 limit=$2; shift 2
+  mkdir -p "$OUT/$suite"
+  timeout "$limit" python3 -P benchmarks/bench_fp8.py --suite "$suite" --repeats 10 --out "$OUT/$suite" "$@"
+}
+{
+  case "$MODE" in
+    tests)
+      python3 -P -m pytest -q -p no:cacheprovider tests ${TESTS:-} ;;
+    measure)
+      python3 -P tools/check_sass.py
+      timeout ${T_TEST:-120} python3 -P -m pytest -q -p no:cacheprovider tests/test_gpu_fp8.py \
+        -k "${TESTS:-every_config or command_buffers or batch_dims or nan_inf or dot_on_gpu or no_silent}"
+      bench large ${T_LARGE:-200}
+      bench decode ${T_DECODE:-150} --no-plot
+      bench host ${T_HOST:-60} --no-plot ;;
+    decode)
+      python3 -P tools/check_sass.py
+      timeout ${T_TEST:-45} python3 -P -m pytest -q -p no:cacheprovider tests/test_gpu_fp8.py \
+        -k "${TESTS:-command_buffers or batch_dims}"
+      bench decode ${T_DECODE:-150} --no-plot --decode-configs "${DECODE_CONFIGS:-}"
+      bench host ${T_HOST:-40} --no-plot ;;
+    *) echo "unknown mode $MODE" >&2; exit 2 ;;
+  esac
+} > "$OUT/run.log" 2>&1
+grep -E "passed|failed|check_sass|TFLOP/s|us/GEMM|us/call" "$OUT/run.log" | head -80
