@@ -12,6 +12,7 @@ set -uo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-/tmp/jax_gmma_out}
 MODE=${1:-tests}
+mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 cd "$REPO"
 JAX_GMMA_PREBUILT_CUDA_LIB="$REPO/prebuilt/libjax_gmma_cuda.so" \
