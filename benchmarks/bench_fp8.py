@@ -21,6 +21,11 @@ Implementations ("impl" in the JSON; every one gets bf16 output)
                    then the result is multiplied by a_scale * b_scale. No dequantization before the
                    dot: XLA's GEMM rewriter turns this into a cuBLASLt FP8 matmul (the custom-call
                    targets XLA emitted are recorded in "lowered_to" so this can be checked).
+  xla_fp8_precise  the same with precision=lax.Precision.HIGHEST: XLA enables cuBLASLt's FP8 fast
+                   accumulation exactly when the dot's precision is DEFAULT (xla/stream_executor/
+                   cuda/cuda_blas_lt.cc), so xla_fp8 is the like-for-like peer of ours_fast_accum
+                   and xla_fp8_precise (and torch_scaled_mm, whose use_fast_accum defaults to
+                   False) of ours (two-level accumulation). GEMM suites only.
   bf16             jnp.dot(a, b.T) of bfloat16 operands of the same shape (the dequantized fp8
                    values), b (N, K). What you would run without FP8.
   torch_scaled_mm  torch._scaled_mm(a, b.t(), scale_a=, scale_b=, out_dtype=torch.bfloat16) with
@@ -39,7 +44,8 @@ Columns / JSON fields
                    jnp.dot at precision HIGHEST), checked once per shape before timing. ours must be
                    < 2e-2 or the run fails (exit 1); peers are reported only.
   speedup_vs       (ours rows) t_peer / t_ours per peer: > 1 means ours is faster. The headline
-                   ratio is speedup_vs["xla_fp8"].
+                   ratios are speedup_vs["xla_fp8_precise"] for ours and
+                   speedup_vs["xla_fp8"] for ours_fast_accum (like for like, see above).
   ours_speedup     (every row) t_this / t_ours.
   config, splits   the kernel config and K splits ours uses for the shape.
   lowered_to       custom-call targets (and Triton GEMM fusions) in the compiled HLO of the impl.
@@ -117,8 +123,9 @@ TN = (((1,), (1,)), ((), ()))  # contract K of a (M, K) with K of b (N, K)
 HIGHEST = lax.Precision.HIGHEST
 TOL = 2e-2
 
-OURS, OURS_FAST, XLA, BF, TORCH = "ours", "ours_fast_accum", "xla_fp8", "bf16", "torch_scaled_mm"
-PEERS = (XLA, BF, TORCH)
+OURS, OURS_FAST, XLA, XLA_PRECISE, BF, TORCH = (
+    "ours", "ours_fast_accum", "xla_fp8", "xla_fp8_precise", "bf16", "torch_scaled_mm")
+PEERS = (XLA, XLA_PRECISE, BF, TORCH)
 
 LARGE_SHAPES = [(8192, 8192, 8192), (4096, 4096, 4096), (2048, 8192, 8192),
                 (4096, 7168, 16384), (4096, 2112, 7168), (4096, 24576, 1536)]
@@ -153,11 +160,19 @@ def xla_fp8_gemm(a, b, sa, sb):
   return (acc.astype(F32) * (sa * sb)).astype(BF16)
 
 
+def xla_fp8_precise_gemm(a, b, sa, sb):
+  # precision=HIGHEST: XLA's cuBLASLt FP8 GEMM without CUBLASLT_MATMUL_DESC_FAST_ACCUM (XLA sets
+  # fast accumulation exactly when the dot's precision is DEFAULT).
+  acc = lax.dot_general(a, b, TN, precision=HIGHEST, preferred_element_type=BF16)
+  return (acc.astype(F32) * (sa * sb)).astype(BF16)
+
+
 def bf16_gemm(a, b, sa=None, sb=None):  # bf16 operands are already dequantized
   return jnp.dot(a, b.T)
 
 
-FP8_FNS = {OURS: ours_gemm, OURS_FAST: ours_fast_gemm, XLA: xla_fp8_gemm}
+FP8_FNS = {OURS: ours_gemm, OURS_FAST: ours_fast_gemm, XLA: xla_fp8_gemm,
+           XLA_PRECISE: xla_fp8_precise_gemm}
 
 
 @functools.partial(jax.jit, static_argnames=("shape", "std"))
@@ -418,7 +433,7 @@ def bench_gemm(run: Run, suite: str, m: int, n: int, k: int, max_sets: int = MAX
         run.fail(f"{suite} {shape} {impl}: rel_err {err:.3e} >= {TOL}")
     record(impl, time_jax(fn, sets, args.repeats, run.target_s), err, calls, **extra)
 
-  for impl in (OURS, OURS_FAST, XLA):
+  for impl in (OURS, OURS_FAST, XLA, XLA_PRECISE):
     if impl == OURS:
       one(impl)  # a crash here is a crash of the shape
       continue
@@ -642,11 +657,19 @@ def measure_host_cost(repeats, target_s, seed=0):
 
   cases = {OURS: (ours_gemm, (x, sx, wq, ws)), XLA: (xla_fp8_gemm, (x, sx, wq, ws)),
            BF: (bf16_gemm, (dequant_bf16(x, sx), sx, tuple(dequant_bf16(q, s) for q, s in w), ws))}
+  ext = _backend.ext()
   for impl, (step, args) in cases.items():
     fn, calls = compile_jax(many(step), args)
+    h0 = ext.host_stats() if ext is not None and hasattr(ext, "host_stats") else None
     stats = time_jax(fn, [args], repeats, target_s)
     out[impl] = dict(us_per_call=stats["median_us"] / HOST_CALLS, call_us=stats["median_us"],
                      iters=stats["iters"], repeats=stats["repeats"], lowered_to=calls)
+    if impl == OURS and h0 is not None:
+      h1 = ext.host_stats()
+      calls_n, ns = h1[0] - h0[0], h1[1] - h0[1]
+      # Host time inside our FFI handler per execution (checks, lookup, cached params, launch).
+      out[impl]["handler_us_per_call"] = ns / calls_n / 1e3 if calls_n else None
+      out[impl]["handler_calls"] = calls_n
   return out
 
 
@@ -688,11 +711,15 @@ def bench_host(run: Run, suite: str):
                iters=c["iters"] if c else None, repeats=c["repeats"] if c else None,
                child_xla_flags=(child or {}).get("xla_flags"),
                lowered_to=(c or default[impl])["lowered_to"],
-               default_flags_us=default[impl]["us_per_call"])
+               default_flags_us=default[impl]["us_per_call"],
+               handler_us=(c or {}).get("handler_us_per_call"),
+               handler_us_default_flags=default[impl].get("handler_us_per_call"))
     rows.append(row)
     run.log(f"    {impl:16s} cmd buffers off: "
             f"{'%.2f' % row['median_us'] if c else 'n/a':>8s} us/call   default flags: "
-            f"{row['default_flags_us']:.2f} us/call")
+            f"{row['default_flags_us']:.2f} us/call"
+            + (f"   our FFI handler: {row['handler_us']:.2f} us/call (cmd buffers off)"
+               if row.get("handler_us") is not None else ""))
   _add_ratios(rows)
   run.rows.extend(rows)
 
@@ -740,17 +767,22 @@ def markdown(meta, rows, notes, failures) -> str:
     groups = _by_shape(rows, kind, suite)
     if kind == "gemm":
       L += [f"## {suite}: GEMM (TFLOP/s)", "",
-            "| M×N×K | ours config (splits) | rel err | ours µs | ours | ours fast-acc | xla_fp8 "
-            "| bf16 | torch | vs xla_fp8 | vs bf16 | vs torch |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "Like for like: ours (two-level accumulation) vs xla_fp8_precise and torch "
+            "(no fast accumulation); ours fast-acc vs xla_fp8 (XLA's default: fast accumulation).",
+            "",
+            "| M×N×K | ours config (splits) | ours fast-acc config (splits) | ours | xla_fp8_precise "
+            "| torch | ours fast-acc | xla_fp8 | bf16 | ours vs xla precise | ours vs torch "
+            "| fast vs xla_fp8 | ours vs bf16 |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
       for shape, g in groups.items():
         o = g.get(OURS, {})
+        f = g.get(OURS_FAST, {})
         tf = lambda i: _fmt(g.get(i, {}).get("tflops"))
         L.append(f"| {shape} | {o.get('config', '—')} ({o.get('splits', '—')}) | "
-                 f"{_fmt(o.get('rel_err'), '.1e')} | {_fmt(o.get('median_us'))} | {tf(OURS)} | "
-                 f"{tf(OURS_FAST)} | {tf(XLA)} | {tf(BF)} | {tf(TORCH)} | "
-                 f"{_ratio(_speed(g, XLA))} | {_ratio(_speed(g, BF))} | "
-                 f"{_ratio(_speed(g, TORCH))} |")
+                 f"{f.get('config', '—')} ({f.get('splits', '—')}) | {tf(OURS)} | "
+                 f"{tf(XLA_PRECISE)} | {tf(TORCH)} | {tf(OURS_FAST)} | {tf(XLA)} | {tf(BF)} | "
+                 f"{_ratio(_speed(g, XLA_PRECISE))} | {_ratio(_speed(g, TORCH))} | "
+                 f"{_ratio(f.get('speedup_vs', {}).get(XLA))} | {_ratio(_speed(g, BF))} |")
     elif kind == "decode":
       L += [f"## {suite}: decode chains ({CHAIN} dependent GEMMs per jitted call; µs per GEMM)", "",
             "| M | N×K | distinct W | ours config (splits) | rel err | ours µs | ours GB/s | "
@@ -767,13 +799,16 @@ def markdown(meta, rows, notes, failures) -> str:
     else:
       L += [f"## {suite}: host cost per call ({HOST_CALLS} tiny GEMMs {HOST_M}x{HOST_N}x{HOST_K} "
             "per jitted call)", "",
-            "| impl | µs/call, command buffers off | µs/call, default flags | ours speedup (off) |",
-            "|---|---|---|---|"]
+            "| impl | µs/call, command buffers off | µs/call, default flags | ours speedup (off) "
+            "| of which in our FFI handler (off / default) |",
+            "|---|---|---|---|---|"]
       for shape, g in groups.items():
         for impl, r in g.items():
           L.append(f"| {impl} | {_fmt(r.get('median_us'), '.2f')} | "
                    f"{_fmt(r.get('default_flags_us'), '.2f')} | "
-                   f"{_ratio(r.get('ours_speedup'))} |")
+                   f"{_ratio(r.get('ours_speedup'))} | "
+                   f"{_fmt(r.get('handler_us'), '.2f')} / "
+                   f"{_fmt(r.get('handler_us_default_flags'), '.2f')} |")
     L.append("")
   if notes:
     L += ["Notes:", ""] + [f"- {n}" for n in notes] + [""]
@@ -802,8 +837,8 @@ def plot(path, rows) -> str | None:
     return "plot skipped (no rows with an xla_fp8 baseline)"
   fig, axes = plt.subplots(len(panels), 1, figsize=(max(8, 1.3 * max(len(g) for _, g in panels)),
                                                     4.2 * len(panels)), squeeze=False)
-  impls = [OURS, OURS_FAST, BF, TORCH]
-  colors = dict(zip(impls, ("tab:blue", "tab:cyan", "tab:gray", "tab:orange")))
+  impls = [OURS, OURS_FAST, XLA_PRECISE, BF, TORCH]
+  colors = dict(zip(impls, ("tab:blue", "tab:cyan", "tab:green", "tab:gray", "tab:orange")))
   for ax, (title, groups) in zip(axes[:, 0], panels):
     labels = list(groups)
     present = [i for i in impls if any(i in g for g in groups.values())]
@@ -901,8 +936,8 @@ def main(argv=None) -> int:
   capture1 = ext.capture_stats() if capture0 is not None else None
   if run.on_gpu:  # say so when a column is not what its name promises
     for r in run.rows:
-      if r["impl"] == XLA and r["kind"] != "host" and not any("f8" in c for c in r["lowered_to"]):
-        run.notes.append(f"xla_fp8 {r['suite']} {r['shape']}: XLA did not emit an FP8 cuBLASLt "
+      if r["impl"] in (XLA, XLA_PRECISE) and r["kind"] != "host" and not any("f8" in c for c in r["lowered_to"]):
+        run.notes.append(f"{r['impl']} {r['suite']} {r['shape']}: XLA did not emit an FP8 cuBLASLt "
                          f"call (lowered_to={r['lowered_to']})")
       if r.get("path") == "reference":
         run.notes.append(f"{r['impl']} {r['suite']} {r['shape']}: ran the pure-JAX reference, "

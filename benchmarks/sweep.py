@@ -7,8 +7,11 @@ jax_gmma.configs.select_config.
 Per row: median over repeats of a jitted function running 32 independent GEMMs over a pool
 of distinct weight matrices (>= 200 MB, so weights come from HBM, not L2), divided by 32,
 after a GPU warm-up (idle clocks would skew the first rows).
-Stage counts are not swept: each config is compiled with CUTLASS's automatic stage count
-(as many stages as shared memory allows after the epilogue's carve-out).
+Stages: the production configs use CUTLASS's automatic stage count (as many stages as shared
+memory holds after the epilogue's carve-out); the sweep-only kernels `<config>_s<N>` (built for
+e4m3 x e4m3 -> bf16, cpp/sm90_fp8_gemm_tensorwise_sweep.cu) pin 2..6 stages, and a few candidate
+tiles are built only for the sweep. --configs REGEX restricts the configs, --shapes MxNxK,...
+the shapes. Writes OUT/sweep_<suite>.json and OUT/sweep_<suite>.md.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import argparse
 import json
 import math
 import os
+import re
 import time
 
 import jax
@@ -26,19 +30,22 @@ import jax_gmma
 from jax_gmma import configs, shapes
 
 DECODE = [(m, n, k) for (n, k) in [(8192, 8192), (28672, 8192)] for m in (1, 16, 64)]
-LARGE = [(8192, 8192, 8192), (4096, 4096, 4096), (2048, 8192, 8192), (4096, 7168, 16384),
-         (4096, 2112, 7168), (4096, 24576, 1536), (129, 8192, 8192), (256, 8192, 8192)]
+LARGE = [(8192, 8192, 8192), (4096, 2112, 7168), (4096, 24576, 1536), (4096, 7168, 16384)]
 
 
-def candidates(m):
+def candidates(m, pattern=None):
   out = []
   for c in configs.CONFIGS.values():
+    if pattern and not re.search(pattern, c.name):
+      continue
     if c.swap_ab and m > c.tile[1]:
       continue
-    if not c.swap_ab and m <= 16:
+    if not c.swap_ab and m <= 64:
+      continue
+    if c.swap_ab and m > 64:
       continue
     if c.stream_k:
-      for s in ((1, 2, 3, 4) if c.swap_ab else (0, 1, 2)):
+      for s in ((0, 1, 2, 3, 4) if c.swap_ab else (0, 1, 2)):
         out.append((c, s))
     else:
       out.append((c, 1))
@@ -69,11 +76,11 @@ def warm_gpu(seconds=1.0):
     jax.block_until_ready(f(x))
 
 
-def sweep_shape(m, n, k, repeats, sm_count):
+def sweep_shape(m, n, k, repeats, sm_count, pattern=None):
   key = jax.random.PRNGKey(m * 7 + n + k)
-  # G = 32 GEMMs per call over a pool of distinct weights of >= 200 MB (cycled), so the
-  # weights stream from HBM and per-call dispatch is amortized.
-  g = 32
+  # G GEMMs per call over a pool of distinct weights of >= 200 MB (cycled), so the weights
+  # stream from HBM and per-call dispatch is amortized: 32 for small M, 8 for large GEMMs.
+  g = 32 if m <= 64 else 8
   pool = max(2, min(g, math.ceil(200e6 / (n * k))))
   ka, kw = jax.random.split(key)
   a = (jax.random.normal(ka, (m, k)) * 2).astype(jnp.float8_e4m3fn)
@@ -83,7 +90,7 @@ def sweep_shape(m, n, k, repeats, sm_count):
   pick = configs.select_config(prob, sm_count)
   pick_fast = configs.select_config(prob, sm_count, fast_accum=True)
   rows = []
-  for cfg, s in candidates(m):
+  for cfg, s in candidates(m, pattern):
     def f(a, ws, cfg=cfg, s=s):
       return [jax_gmma.fp8_gemm(a, ws[i % pool], sa, sb, config=cfg.name, splits=s) for i in range(g)]
     try:
@@ -103,28 +110,44 @@ def main():
   p.add_argument("--suite", choices=("decode", "large", "all"), default="decode")
   p.add_argument("--repeats", type=int, default=10)
   p.add_argument("--out", default="bench_out")
+  p.add_argument("--configs", default=None, help="regex: only configs whose name matches")
+  p.add_argument("--shapes", default=None, type=lambda v: [tuple(int(x) for x in t.split("x"))
+                                                           for t in v.split(",") if t],
+                 help="comma-separated MxNxK shapes instead of the suite's")
   args = p.parse_args()
   dev = jax.devices()[0]
   sm = int(getattr(dev, "core_count", 132))
-  shapes_ = {"decode": DECODE, "large": LARGE, "all": DECODE + LARGE}[args.suite]
+  shapes_ = args.shapes or {"decode": DECODE, "large": LARGE, "all": DECODE + LARGE}[args.suite]
   rows = []
+  lines = [f"# sweep ({args.suite}) on {dev.device_kind}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
+           "", "µs per GEMM (median); `x best` = time / best time of the shape; "
+           "pick = the heuristic's choice (two-level / fast accumulation).", ""]
   warm_gpu()
   for m, n, k in shapes_:
-    rs = sweep_shape(m, n, k, args.repeats, sm)
+    rs = sweep_shape(m, n, k, args.repeats, sm, args.configs)
     rows += rs
     ok = [r for r in rs if "us" in r]
     best = min(ok, key=lambda r: r["us"]) if ok else None
-    print(f"\nM={m} N={n} K={k}")
+    print(f"\nM={m} N={n} K={k}", flush=True)
+    lines += [f"## M={m} N={n} K={k}", "", "| config | stages | splits | µs | TFLOP/s | weight GB/s | x best | pick |",
+              "|---|---|---|---|---|---|---|---|"]
     for r in sorted(ok, key=lambda r: r["us"]):
       mark = ("<- pick" if r["pick"] else "") + (" <- pick(fast)" if r["pick_fast"] else "")
       print(f"  {r['config']:36s} splits={r['splits']}  {r['us']:9.2f} us  {r['tflops']:7.1f} TF/s "
-            f"{r['weight_gbs']:7.0f} GB/s  {r['us'] / best['us']:.2f}x best {mark}")
+            f"{r['weight_gbs']:7.0f} GB/s  {r['us'] / best['us']:.2f}x best {mark}", flush=True)
+      st = configs.CONFIGS[r["config"]].stages or "auto"
+      lines.append(f"| {r['config']} | {st} | {r['splits']} | {r['us']:.2f} | {r['tflops']:.1f} | "
+                   f"{r['weight_gbs']:.0f} | {r['us'] / best['us']:.2f} | {mark.replace('<- ', '')} |")
     for r in rs:
       if "error" in r:
-        print(f"  {r['config']:36s} splits={r['splits']}  ERROR {r['error']}")
+        print(f"  {r['config']:36s} splits={r['splits']}  ERROR {r['error']}", flush=True)
+        lines.append(f"| {r['config']} | | {r['splits']} | error: {r['error']} | | | | |")
+    lines.append("")
   os.makedirs(args.out, exist_ok=True)
   with open(os.path.join(args.out, f"sweep_{args.suite}.json"), "w") as f:
     json.dump(dict(device=dev.device_kind, date=time.strftime("%Y-%m-%d"), rows=rows), f, indent=1)
+  with open(os.path.join(args.out, f"sweep_{args.suite}.md"), "w") as f:
+    f.write("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

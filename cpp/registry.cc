@@ -19,6 +19,7 @@ JAX_GMMA_DECLARE(e5m2e4m3, bf16)
 JAX_GMMA_DECLARE(e5m2e4m3, f16)
 JAX_GMMA_DECLARE(e5m2e4m3, f32)
 #undef JAX_GMMA_DECLARE
+int sm90_fp8_tensorwise_sweep_entries(KernelEntry* out);
 #endif
 
 namespace {
@@ -36,7 +37,8 @@ struct Table {
     KernelEntry buf[64];
     for (auto fill : {&sm90_fp8_tensorwise_e4m3e4m3_bf16_entries, &sm90_fp8_tensorwise_e4m3e4m3_f16_entries,
                       &sm90_fp8_tensorwise_e4m3e4m3_f32_entries, &sm90_fp8_tensorwise_e5m2e4m3_bf16_entries,
-                      &sm90_fp8_tensorwise_e5m2e4m3_f16_entries, &sm90_fp8_tensorwise_e5m2e4m3_f32_entries}) {
+                      &sm90_fp8_tensorwise_e5m2e4m3_f16_entries, &sm90_fp8_tensorwise_e5m2e4m3_f32_entries,
+                      &sm90_fp8_tensorwise_sweep_entries}) {
       int n = fill(buf);
       entries.insert(entries.end(), buf, buf + n);
     }

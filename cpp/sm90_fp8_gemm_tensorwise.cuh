@@ -43,7 +43,10 @@ template <> struct CutlassType<DType::kF32> { using type = float; };
 namespace sched = cutlass::gemm;
 namespace epi = cutlass::epilogue;
 
-template <class Tile_, class Cluster_, class Kernel_, class Epi_, class Scheduler_, bool kSwap_>
+// Stages_ = 0: CUTLASS's automatic count (as many mainloop stages as shared memory holds after
+// the epilogue's carve-out); > 0: exactly that many (the stage sweep's kernels).
+template <class Tile_, class Cluster_, class Kernel_, class Epi_, class Scheduler_, bool kSwap_,
+          int Stages_ = 0>
 struct Config {
   using Tile = Tile_;
   using Cluster = Cluster_;
@@ -52,7 +55,13 @@ struct Config {
   using TileScheduler = Scheduler_;
   static constexpr bool kSwap = kSwap_;
   static constexpr bool kStreamK = std::is_same_v<Scheduler_, cutlass::gemm::StreamKScheduler>;
+  static constexpr int kStages = Stages_;
 };
+
+// A config with an explicit mainloop stage count.
+template <class Cfg, int S>
+using WithStages = Config<typename Cfg::Tile, typename Cfg::Cluster, typename Cfg::KernelSchedule,
+                          typename Cfg::EpilogueSchedule, typename Cfg::TileScheduler, Cfg::kSwap, S>;
 
 // Large tiles. Two-level (promoting) accumulation keeps a second fp32 accumulator per thread,
 // so its tiles give each consumer warpgroup at most 64x128 outputs (128x256 and 128x128
@@ -67,6 +76,10 @@ using CfgP128PpFast = Config<Shape<_128, _128, _128>, Shape<_1, _2, _1>,
                              sched::KernelTmaWarpSpecializedPingpongFP8FastAccum,
                              epi::TmaWarpSpecialized, void, false>;
 // Stream-K (or split-K) for grids that fill the GPU badly.
+using CfgL256CoopSkFast = Config<Shape<_128, _256, _128>, Shape<_1, _1, _1>,
+                                 sched::KernelTmaWarpSpecializedCooperativeFP8FastAccum,
+                                 epi::TmaWarpSpecializedCooperative,
+                                 cutlass::gemm::StreamKScheduler, false>;
 using CfgS128CoopSk = Config<Shape<_128, _128, _128>, Shape<_1, _1, _1>,
                              sched::KernelTmaWarpSpecializedCooperative,
                              epi::TmaWarpSpecializedCooperative,
@@ -130,8 +143,9 @@ struct Sm90Fp8Gemm {
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, KElA, LayoutA, kAlignAB, KElB, LayoutB,
       kAlignAB, float, Tile, typename Cfg::Cluster,
-      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
-          sizeof(typename CollectiveEpilogue::SharedStorage))>,
+      std::conditional_t<(Cfg::kStages > 0), cutlass::gemm::collective::StageCount<Cfg::kStages>,
+                         cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+                             sizeof(typename CollectiveEpilogue::SharedStorage))>>,
       typename Cfg::KernelSchedule>::CollectiveOp;
 
   using GemmKernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop,

@@ -19,6 +19,7 @@
 #include "jax_gmma/gemm_api.h"
 extern "C" void* jax_gmma_fp8_gemm_handler();
 extern "C" void jax_gmma_capture_stats(uint64_t* captured, uint64_t* eager);
+extern "C" void jax_gmma_host_stats(uint64_t* calls, uint64_t* ns);
 #endif
 
 namespace nb = nanobind;
@@ -71,6 +72,15 @@ NB_MODULE(_gmma_ext, m) {
     jax_gmma_capture_stats(&c, &e);
 #endif
     return {c, e};
+  });
+
+  // (handler calls, host nanoseconds spent inside the handlers) so far.
+  m.def("host_stats", []() -> std::pair<uint64_t, uint64_t> {
+    uint64_t c = 0, ns = 0;
+#if defined(JAX_GMMA_WITH_CUDA)
+    jax_gmma_host_stats(&c, &ns);
+#endif
+    return {c, ns};
   });
 
   m.def("kernels", []() {

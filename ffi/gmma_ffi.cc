@@ -11,6 +11,7 @@
 //  * never synchronizes and never copies device memory to the host: scales are read by the
 //    kernel's epilogue.
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -29,6 +30,19 @@ namespace {
 // command buffer) and how many ran eagerly: lets tests check capture, not assume it.
 // cudaStreamIsCapturing is the one stream query that capture allows.
 std::atomic<uint64_t> g_captured{0}, g_eager{0};
+// Host time spent inside the handler (checks, kernel lookup, parameter cache, launch), so the
+// benchmark can report our share of the per-call host cost apart from XLA's own.
+std::atomic<uint64_t> g_host_calls{0}, g_host_ns{0};
+
+struct HostTimer {
+  std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+  ~HostTimer() {
+    auto dt = std::chrono::steady_clock::now() - t0;
+    g_host_ns.fetch_add(static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(dt).count()),
+                        std::memory_order_relaxed);
+    g_host_calls.fetch_add(1, std::memory_order_relaxed);
+  }
+};
 
 bool to_dtype(ffi::DataType t, DType* out) {
   switch (t) {
@@ -51,6 +65,7 @@ ffi::Error Fp8GemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
                        ffi::AnyBuffer a_scale, ffi::AnyBuffer b_scale, ffi::AnyBuffer bias,
                        ffi::Result<ffi::AnyBuffer> d, ffi::Result<ffi::AnyBuffer> workspace,
                        std::string_view config, int32_t splits, int32_t sm_count, bool has_bias) {
+  HostTimer timer;
   // Cheap structural checks: the Python shape rules already enforce these at trace time.
   auto ad = a.dimensions();
   auto bd = b.dimensions();
@@ -152,4 +167,11 @@ extern "C" __attribute__((visibility("default"))) void jax_gmma_capture_stats(ui
                                                                             uint64_t* eager) {
   *captured = jax_gmma::g_captured.load();
   *eager = jax_gmma::g_eager.load();
+}
+
+// Handler calls and the host nanoseconds spent in them (see g_host_ns above).
+extern "C" __attribute__((visibility("default"))) void jax_gmma_host_stats(uint64_t* calls,
+                                                                         uint64_t* ns) {
+  *calls = jax_gmma::g_host_calls.load();
+  *ns = jax_gmma::g_host_ns.load();
 }

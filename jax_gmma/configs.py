@@ -23,13 +23,16 @@ class KernelConfig:
   swap_ab: bool        # computes D^T = B A^T: small problem M becomes the kernel's N tile
   stream_k: bool       # stream-K scheduler (supports split-K with deterministic reduction)
   accum: str           # "2lvl": fp32 promotion every 128 K (precise) | "fast": wgmma accumulators only
+  stages: int = 0      # mainloop pipeline stages; 0 = as many as shared memory holds (CUTLASS auto)
+  sweep: bool = False  # sweep-only kernel: built for e4m3 x e4m3 -> bfloat16 only, never auto-picked
 
   def __str__(self) -> str:
     t = "x".join(map(str, self.tile))
     c = "x".join(map(str, self.cluster))
     return (f"{self.name}: tile {t}, cluster {c}, {self.schedule}"
             f"{', swap-AB' if self.swap_ab else ''}{', stream-K/split-K' if self.stream_k else ''}, "
-            f"accumulation {'two-level (fp32 promotion)' if self.accum == '2lvl' else 'fast (tensor-core only)'}")
+            f"accumulation {'two-level (fp32 promotion)' if self.accum == '2lvl' else 'fast (tensor-core only)'}, "
+            f"stages {self.stages or 'auto'}{', sweep only (e4m3 x e4m3 -> bfloat16)' if self.sweep else ''}")
 
 
 _ALL = [
@@ -37,6 +40,7 @@ _ALL = [
     KernelConfig("128x128x128_c2x1_coop_2lvl", (128, 128, 128), (2, 1), "cooperative", False, False, "2lvl"),
     KernelConfig("128x128x128_c1x2_pingpong_fast", (128, 128, 128), (1, 2), "pingpong", False, False, "fast"),
     KernelConfig("128x128x128_c1x1_coop_streamk_2lvl", (128, 128, 128), (1, 1), "cooperative", False, True, "2lvl"),
+    KernelConfig("128x256x128_c1x1_coop_streamk_fast", (128, 256, 128), (1, 1), "cooperative", False, True, "fast"),
     KernelConfig("swap_128x16x128_coop_streamk_2lvl", (128, 16, 128), (1, 1), "cooperative", True, True, "2lvl"),
     KernelConfig("swap_128x32x128_coop_streamk_2lvl", (128, 32, 128), (1, 1), "cooperative", True, True, "2lvl"),
     KernelConfig("swap_128x64x128_coop_streamk_2lvl", (128, 64, 128), (1, 1), "cooperative", True, True, "2lvl"),
@@ -44,7 +48,34 @@ _ALL = [
     KernelConfig("swap_64x32x128_pingpong_2lvl", (64, 32, 128), (1, 1), "pingpong", True, False, "2lvl"),
     KernelConfig("swap_64x64x128_pingpong_2lvl", (64, 64, 128), (1, 1), "pingpong", True, False, "2lvl"),
 ]
+
+
+def _staged(name: str, stages: int) -> KernelConfig:
+  base = next(c for c in _ALL if c.name == name)
+  return dataclasses.replace(base, name=f"{name}_s{stages}", stages=stages, sweep=True)
+
+
+#: Sweep-only kernels (cpp/sm90_fp8_gemm_tensorwise_sweep.cu): explicit stage counts of the
+#: production configs and candidate tiles under evaluation. benchmarks/sweep.py times them.
+_SWEEP = [
+    *(_staged("128x256x128_c2x1_coop_fast", s) for s in (2, 3, 4)),
+    *(_staged("128x128x128_c2x1_coop_2lvl", s) for s in (2, 3, 4, 5, 6)),
+    *(_staged("128x128x128_c1x2_pingpong_fast", s) for s in (3, 4)),
+    *(_staged("swap_64x16x128_pingpong_2lvl", s) for s in (4, 8)),
+    *(_staged("swap_64x64x128_pingpong_2lvl", s) for s in (4, 8)),
+    KernelConfig("128x192x128_c2x1_coop_2lvl", (128, 192, 128), (2, 1), "cooperative", False, False, "2lvl",
+                 sweep=True),
+    KernelConfig("128x192x128_c2x1_coop_fast", (128, 192, 128), (2, 1), "cooperative", False, False, "fast",
+                 sweep=True),
+    KernelConfig("64x192x128_c1x2_pingpong_2lvl", (64, 192, 128), (1, 2), "pingpong", False, False, "2lvl",
+                 sweep=True),
+    KernelConfig("64x128x128_c1x2_pingpong_2lvl", (64, 128, 128), (1, 2), "pingpong", False, False, "2lvl",
+                 sweep=True),
+]
+_ALL += _SWEEP
 CONFIGS = {c.name: c for c in _ALL}
+#: The dtype triple sweep-only kernels are built for.
+SWEEP_DTYPES = ("float8_e4m3fn", "float8_e4m3fn", "bfloat16")
 
 
 def get_config(name: str) -> KernelConfig:
@@ -54,8 +85,8 @@ def get_config(name: str) -> KernelConfig:
     raise ValueError(f"config must be one of {sorted(CONFIGS)}, got {name!r}") from None
 
 
-def configs_table() -> str:
-  return "\n".join(str(c) for c in _ALL)
+def configs_table(include_sweep: bool = False) -> str:
+  return "\n".join(str(c) for c in _ALL if include_sweep or not c.sweep)
 
 
 def _kernel_mn(problem: GemmProblem, cfg: KernelConfig) -> tuple:
@@ -114,6 +145,11 @@ def select_config(problem: GemmProblem, sm_count: int, *, fast_accum: bool = Fal
     raise ValueError(f"sm_count must be positive, got {sm_count}")
   if config is not None:
     cfg = get_config(config)
+    dts = (problem.a_dtype.name, problem.b_dtype.name, problem.out_dtype.name)
+    if cfg.sweep and dts != SWEEP_DTYPES:
+      raise ValueError(f"config {cfg.name} is a sweep-only kernel, built for "
+                       f"{' x '.join(SWEEP_DTYPES[:2])} -> {SWEEP_DTYPES[2]} only; got "
+                       f"{dts[0]} x {dts[1]} -> {dts[2]}")
   else:
     m = problem.m
     if m <= 64:

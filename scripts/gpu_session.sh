@@ -4,9 +4,12 @@
 # and copied to prebuilt/ (carried with the call); here only the small extension is built.
 #
 # Usage: scripts/gpu_session.sh MODE
-#   tests    all tests (GPU tests included); TESTS="-k expr" narrows them
+#   tests    all tests (GPU tests included); TESTS="-k expr" narrows them; with wheels of
+#            pytest-xdist/execnet in prebuilt/wheels they run in $WORKERS processes (the GPU tests
+#            are dominated by XLA compiles on the host)
 #   measure  SASS check, key GPU tests, large + decode + host benchmark suites
 #   decode   SASS check, CUDA-graph test, decode chains (+ DECODE_CONFIGS rows), host cost
+#   sweep    benchmarks/sweep.py: decode + large suites (SWEEP_ARGS adds options), host cost
 # Logs and results go to $OUT (at most 8 files come back from the device machine).
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -19,6 +22,11 @@ JAX_GMMA_PREBUILT_CUDA_LIB="$REPO/prebuilt/libjax_gmma_cuda.so" \
   python3 -m pip install --no-build-isolation --no-deps --no-index -q . > /tmp/install.log 2>&1 \
   || { tail -40 /tmp/install.log; exit 1; }
 (cd /tmp && python3 -m jax_gmma info) > "$OUT/info.txt"
+XDIST=""
+if ls prebuilt/wheels/*.whl > /dev/null 2>&1 && \
+   python3 -m pip install --no-deps --no-index -q prebuilt/wheels/*.whl > /dev/null 2>&1; then
+  XDIST="-n ${WORKERS:-8}"
+fi
 bench() {  # suite, timeout, extra args...
   local suite=$1 limit=$2; shift 2
   mkdir -p "$OUT/$suite"
@@ -27,7 +35,12 @@ bench() {  # suite, timeout, extra args...
 {
   case "$MODE" in
     tests)
-      python3 -P -m pytest -q -p no:cacheprovider tests ${TESTS:-} ;;
+      XLA_PYTHON_CLIENT_PREALLOCATE=false timeout ${T_TEST:-560} \
+        python3 -P -m pytest -q -p no:cacheprovider $XDIST tests ${TESTS:-} ;;
+    sweep)
+      timeout ${T_SWEEP_DECODE:-200} python3 -P benchmarks/sweep.py --suite decode --out "$OUT/sweep" ${SWEEP_DECODE_ARGS:-}
+      timeout ${T_SWEEP_LARGE:-240} python3 -P benchmarks/sweep.py --suite large --out "$OUT/sweep" ${SWEEP_LARGE_ARGS:-}
+      bench host ${T_HOST:-60} --no-plot ;;
     measure)
       python3 -P tools/check_sass.py
       timeout ${T_TEST:-120} python3 -P -m pytest -q -p no:cacheprovider tests/test_gpu_fp8.py \
@@ -44,4 +57,4 @@ bench() {  # suite, timeout, extra args...
     *) echo "unknown mode $MODE" >&2; exit 2 ;;
   esac
 } > "$OUT/run.log" 2>&1
-grep -E "passed|failed|check_sass|TFLOP/s|us/GEMM|us/call" "$OUT/run.log" | head -80
+grep -E "passed|failed|error|check_sass|TFLOP/s|TF/s|^M=|us/GEMM|us/call" "$OUT/run.log" | head -150

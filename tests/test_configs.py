@@ -1,5 +1,6 @@
 """Config table and heuristic (pure Python)."""
 import ml_dtypes
+import numpy as np
 import pytest
 
 from jax_gmma import configs, shapes
@@ -53,20 +54,38 @@ def test_forced_config_and_bad_splits():
 
 
 def test_table_printable():
-  text = configs.configs_table()
+  text = configs.configs_table(include_sweep=True)
   for name in configs.CONFIGS:
     assert name in text
+  assert "_s4" not in configs.configs_table()
 
 
 def test_kernel_table_matches_python_configs():
-  """The C++ kernel table (when built) has exactly the Python configs, for every dtype triple."""
+  """The C++ kernel table (when built) has exactly the Python configs of the tensorwise family:
+  production configs for every dtype triple, sweep-only configs for e4m3 x e4m3 -> bf16."""
   from jax_gmma import _backend
   if not _backend.kernels_built():
     pytest.skip("jax_gmma was built without CUDA kernels")
-  table = _backend.ext().kernels()
+  table = [k for k in _backend.ext().kernels() if k["config"] in configs.CONFIGS]
   names = {k["config"] for k in table}
   assert names == set(configs.CONFIGS), names ^ set(configs.CONFIGS)
-  assert len(table) == len(configs.CONFIGS) * 2 * 3
+  for name, cfg in configs.CONFIGS.items():
+    triples = {(k["a"], k["b"], k["d"]) for k in table if k["config"] == name}
+    assert len(triples) == (1 if cfg.sweep else 6), (name, triples)
+    if cfg.sweep:
+      assert triples == {configs.SWEEP_DTYPES}, (name, triples)
+
+
+def test_sweep_config_dtype_rule():
+  p = shapes.fp8_gemm_problem((64, 256), E4, (256, 256), E4, out_dtype=np.float32)
+  with pytest.raises(ValueError, match="sweep-only kernel"):
+    configs.select_config(p, 132, config="128x128x128_c2x1_coop_2lvl_s4")
+  cfg, _ = configs.select_config(prob(64, 256, 1024), 132, config="128x128x128_c2x1_coop_2lvl_s4")
+  assert cfg.stages == 4 and cfg.sweep
+  # The heuristic never picks a sweep-only kernel.
+  for m, n, k in [(1, 8192, 8192), (64, 28672, 8192), (4096, 2112, 7168), (8192, 8192, 8192)]:
+    for fast in (False, True):
+      assert not configs.select_config(prob(m, n, k), 132, fast_accum=fast)[0].sweep
 
 
 def test_trace_time_checks_through_extension():
