@@ -8,12 +8,14 @@ __version__ = "0.1.0"
 from . import configs, formats, layouts, shapes
 from ._backend import allow_reference, set_allow_reference, KernelUnavailable
 from .api import dot
+from . import blockwise_configs
+from .blockwise import blockwise_gemm, blockwise_gemm_reference, fp8_blockwise_gemm_p, scaled_matmul
 from .configs import KernelConfig, select_config
 from .formats import FORMATS, get_format
 from .ops import fp8_gemm, fp8_gemm_p
 from .quantize import QuantizedArray, dequantize, quantize
 from .reference import fp8_gemm_reference
-from .shapes import GemmProblem, fp8_gemm_problem
+from .shapes import BlockwiseProblem, GemmProblem, fp8_blockwise_problem, fp8_gemm_problem
 from . import _backend as _b
 
 _b.register_targets()  # no-op without the CUDA library; needs no GPU
@@ -23,4 +25,6 @@ __all__ = [
     "allow_reference", "set_allow_reference", "KernelUnavailable", "GemmProblem",
     "fp8_gemm_problem", "KernelConfig", "select_config", "FORMATS", "get_format", "configs",
     "formats", "layouts", "shapes",
+    "blockwise_gemm", "blockwise_gemm_reference", "fp8_blockwise_gemm_p", "scaled_matmul",
+    "BlockwiseProblem", "fp8_blockwise_problem", "blockwise_configs",
 ]

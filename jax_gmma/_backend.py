@@ -11,6 +11,7 @@ from typing import Optional
 import jax
 
 FP8_GEMM_TARGET = "jax_gmma_fp8_gemm"
+FP8_BLOCKWISE_GEMM_TARGET = "jax_gmma_fp8_blockwise_gemm"
 #: Compute capabilities (as jax reports them) that have kernels, by built arch.
 ARCH_FOR_CC = {"9.0": "sm_90a"}
 

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import shapes
+from .blockwise import blockwise_gemm
 from .ops import fp8_gemm
 from .quantize import QuantizedArray, quantize
 
@@ -14,6 +15,9 @@ from .quantize import QuantizedArray, quantize
 DOT_WEIGHT_FORMATS = ("fp8_tensor", "fp8_channel")
 #: How `dot` quantizes a float activation.
 DOT_ACTIVATION_FORMATS = ("fp8_channel", "fp8_tensor")
+#: Block-scaled weight formats: `dot` quantizes the activation to fp8_1x128 and runs the
+#: block-scaled GEMM (jax_gmma.blockwise_gemm).
+DOT_BLOCKWISE_WEIGHT_FORMATS = ("fp8_128x128", "fp8_1x128")
 
 
 def dot(x, w: QuantizedArray, *, bias=None, out_dtype=None, x_format: str = "fp8_channel",
@@ -24,13 +28,19 @@ def dot(x, w: QuantizedArray, *, bias=None, out_dtype=None, x_format: str = "fp8
   A float ``x`` is quantized on the fly to float8_e4m3fn with ``x_format``: "fp8_channel" (one
   scale per token/row, the default) or "fp8_tensor". ``out_dtype`` defaults to x's dtype when it
   is bfloat16/float16/float32, else bfloat16.
+
+  Block-scaled weights (formats "fp8_128x128" and "fp8_1x128"): x is quantized to "fp8_1x128"
+  (one scale per token and 128 of K; ``x_format`` and ``fast_accum`` do not apply) and the
+  product runs on :func:`jax_gmma.blockwise_gemm`.
   """
   if not isinstance(w, QuantizedArray):
     raise TypeError("w must be a jax_gmma.QuantizedArray of an (N, K) weight; quantize it once with "
                     "jax_gmma.quantize(w, 'fp8_channel')")
+  if w.format.name in DOT_BLOCKWISE_WEIGHT_FORMATS:
+    return _dot_blockwise(x, w, bias=bias, out_dtype=out_dtype, config=config, splits=splits)
   if w.format.name not in DOT_WEIGHT_FORMATS:
     raise ValueError(f"w: format {w.format.name!r} has no GEMM kernel in this version; "
-                     f"supported weight formats: {', '.join(DOT_WEIGHT_FORMATS)}")
+                     f"supported weight formats: {', '.join(DOT_WEIGHT_FORMATS + DOT_BLOCKWISE_WEIGHT_FORMATS)}")
   if w.data.ndim != 2:
     raise ValueError(f"w must be a 2-D (N, K) weight, got data shape {w.data.shape}")
   if isinstance(x, QuantizedArray):
@@ -48,3 +58,26 @@ def dot(x, w: QuantizedArray, *, bias=None, out_dtype=None, x_format: str = "fp8
   out_dtype = default_out if out_dtype is None else out_dtype
   return fp8_gemm(xq.data, w.data, xq.scales, w.scales, bias=bias, out_dtype=out_dtype,
                   fast_accum=fast_accum, config=config, splits=splits)
+
+
+def _dot_blockwise(x, w: QuantizedArray, *, bias, out_dtype, config, splits):
+  """``dot`` for fp8_128x128 / fp8_1x128 weights: x is quantized per token and 128 of K
+  (fp8_1x128, float8_e4m3fn) and multiplied by the block-scaled GEMM. Stored data of both
+  operands is K-padded to a multiple of 128 with zeros, so the padding adds nothing."""
+  if w.data.ndim != 2:
+    raise ValueError(f"w must be a 2-D (N, K) weight, got data shape {w.data.shape}")
+  if isinstance(x, QuantizedArray):
+    if x.format.name != "fp8_1x128":
+      raise ValueError(f"x: format {x.format.name!r} cannot multiply a {w.format.name} weight; "
+                       "use fp8_1x128 (or pass a float x)")
+    xq = x
+    default_out = shapes.BF16
+  else:
+    x = jnp.asarray(x)
+    default_out = np.dtype(x.dtype) if np.dtype(x.dtype) in shapes.OUT_DTYPES else shapes.BF16
+    xq = quantize(x, "fp8_1x128", dtype=jnp.float8_e4m3fn)
+  if xq.k != w.k:
+    raise ValueError(f"contraction mismatch: x has K={xq.k}, w has K={w.k}")
+  out_dtype = default_out if out_dtype is None else out_dtype
+  return blockwise_gemm(xq.data, w.data, xq.scales, w.scales, bias=bias, out_dtype=out_dtype,
+                        config=config, splits=splits)

@@ -148,3 +148,131 @@ def output_shape(problem: GemmProblem) -> tuple:
   if problem.batch_shape:
     return problem.batch_shape + (problem.m // int(np.prod(problem.batch_shape)), problem.n)
   return (problem.m, problem.n)
+
+
+# -- block-scaled FP8 GEMM (DeepSeek-style 1x128 / 128x128 scales) ------------------------------
+
+#: K block of every block scale (1x128 activations; 128x128 or 1x128 weights).
+BLOCK_K = 128
+#: Rows of a 128x128 weight scale block.
+BLOCK_N = 128
+#: (A dtype, B dtype) pairs with block-scaled kernels.
+BLOCKWISE_PAIRS = ((F8E4M3, F8E4M3),)
+#: Output dtypes of the block-scaled GEMM (float16: the float32 kernel, then one rounding).
+BLOCKWISE_OUT_DTYPES = (BF16, F16, F32)
+
+
+def _cdiv(a: int, b: int) -> int:
+  return -(-a // b)
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockwiseProblem:
+  """out[..., m, n] = sum_kb a_scales[..., m, kb] * b_scales[n // G, kb] *
+  sum_{k in block kb} a[..., m, k] * b[n, k]  (+ bias[n]); G = 128 ("1d2d") or 1 ("1d1d")."""
+  m: int                      # rows of A after folding leading batch dims
+  n: int
+  k: int
+  batch_shape: tuple
+  a_dtype: np.dtype
+  b_dtype: np.dtype
+  out_dtype: np.dtype
+  variant: str                # "1d2d": b_scales (ceil(N/128), kb) | "1d1d": b_scales (N, kb)
+  has_bias: bool
+
+  @property
+  def k_blocks(self) -> int:
+    return _cdiv(self.k, BLOCK_K)
+
+  @property
+  def b_scale_rows(self) -> int:
+    return _cdiv(self.n, BLOCK_N) if self.variant == "1d2d" else self.n
+
+  @property
+  def flops(self) -> int:
+    return 2 * self.m * self.n * self.k
+
+  def __str__(self) -> str:
+    m = f"M={self.m}" + (f" (batch {self.batch_shape})" if self.batch_shape else "")
+    return (f"BlockwiseProblem({m} N={self.n} K={self.k} {_name(self.a_dtype)} x {_name(self.b_dtype)} -> "
+            f"{_name(self.out_dtype)}, scales 1x128 x {'128x128' if self.variant == '1d2d' else '1x128'}, "
+            f"bias={'yes' if self.has_bias else 'no'})")
+
+
+def fp8_blockwise_problem(a_shape, a_dtype, b_shape, b_dtype, a_scales_shape, a_scales_dtype,
+                          b_scales_shape, b_scales_dtype, *, bias_shape=None, bias_dtype=None,
+                          out_dtype=BF16) -> BlockwiseProblem:
+  """Validates a block-scaled FP8 GEMM and returns its :class:`BlockwiseProblem`.
+
+  a: (..., M, K) float8_e4m3fn, K contiguous; b: (N, K) float8_e4m3fn, K contiguous.
+  a_scales: (..., M, ceil(K/128)) float32 (one per row and 128 of K).
+  b_scales: (ceil(N/128), ceil(K/128)) float32 (128x128 blocks, "1d2d") or (N, ceil(K/128))
+  float32 (1x128 blocks, "1d1d"). A partial last K block (K % 128 != 0) is allowed.
+  """
+  a_shape, b_shape = tuple(a_shape), tuple(b_shape)
+  a_dtype, b_dtype = np.dtype(a_dtype), np.dtype(b_dtype)
+  outs = ", ".join(_name(d) for d in BLOCKWISE_OUT_DTYPES)
+  try:
+    out_dtype = np.dtype(out_dtype)
+  except TypeError as e:
+    raise TypeError(f"out_dtype must be one of {outs}, got {out_dtype!r}") from e
+  if len(a_shape) < 2:
+    raise ValueError(f"a must have rank >= 2 (..., M, K), got shape {a_shape}")
+  if len(b_shape) != 2:
+    raise ValueError(f"b must have rank 2 (N, K), got shape {b_shape}")
+  if a_dtype != F8E4M3:
+    raise TypeError(f"a must be float8_e4m3fn (block-scaled kernels are built for e4m3 x e4m3 only), "
+                    f"got {_name(a_dtype)} (quantize it first, e.g. jax_gmma.quantize(x, 'fp8_1x128'))")
+  if b_dtype != F8E4M3:
+    raise TypeError(f"b must be float8_e4m3fn (block-scaled kernels are built for e4m3 x e4m3 only), "
+                    f"got {_name(b_dtype)}")
+  if out_dtype not in BLOCKWISE_OUT_DTYPES:
+    raise TypeError(f"out_dtype must be one of {outs}, got {_name(out_dtype)}")
+  batch = a_shape[:-2]
+  m = int(np.prod(a_shape[:-1]))
+  k = a_shape[-1]
+  n = b_shape[0]
+  if any(d == 0 for d in a_shape) or any(d == 0 for d in b_shape):
+    raise ValueError(f"zero-size dimensions are not supported: a {a_shape}, b {b_shape}")
+  if b_shape[1] != k:
+    raise ValueError(f"contraction mismatch: a.shape[-1] (K={k}) != b.shape[1] ({b_shape[1]}); "
+                     "b must be (N, K), K-major")
+  if k % K_ALIGN:
+    raise ValueError(f"K (a.shape[-1]) must be a multiple of {K_ALIGN} (TMA: 16-byte aligned fp8 rows), "
+                     f"got {k}")
+  if n % N_ALIGN:
+    raise ValueError(f"N (b.shape[0]) must be a multiple of {N_ALIGN} (TMA: 16-byte aligned output rows), "
+                     f"got {n}")
+  if max(m, n, k) >= 2**31:
+    raise ValueError(f"dimensions must be < 2**31, got M={m} N={n} K={k}")
+  kb = _cdiv(k, BLOCK_K)
+  if a_scales_shape is None:
+    raise ValueError("a_scales is required: float32 of shape (..., M, ceil(K/128))")
+  a_scales_shape = tuple(a_scales_shape)
+  inner_m = a_shape[-2]
+  if a_scales_shape not in (batch + (inner_m, kb), (m, kb)):
+    raise ValueError(f"a_scales must have shape {batch + (inner_m, kb)} (one scale per row of a and "
+                     f"per 128 of K: (..., M, ceil(K/128))), got {a_scales_shape}")
+  if a_scales_dtype is not None and np.dtype(a_scales_dtype) != F32:
+    raise TypeError(f"a_scales must be float32, got {_name(a_scales_dtype)}")
+  if b_scales_shape is None:
+    raise ValueError("b_scales is required: float32 of shape (ceil(N/128), ceil(K/128)) or (N, ceil(K/128))")
+  b_scales_shape = tuple(b_scales_shape)
+  if b_scales_shape == (_cdiv(n, BLOCK_N), kb):
+    variant = "1d2d"
+  elif b_scales_shape == (n, kb):
+    variant = "1d1d"
+  else:
+    raise ValueError(f"b_scales must have shape ({_cdiv(n, BLOCK_N)}, {kb}) (128x128 blocks: "
+                     f"(ceil(N/128), ceil(K/128))) or ({n}, {kb}) (1x128 blocks: (N, ceil(K/128))), "
+                     f"got {b_scales_shape}")
+  if b_scales_dtype is not None and np.dtype(b_scales_dtype) != F32:
+    raise TypeError(f"b_scales must be float32, got {_name(b_scales_dtype)}")
+  has_bias = bias_shape is not None
+  if has_bias:
+    if tuple(bias_shape) != (n,):
+      raise ValueError(f"bias must have shape (N,) = ({n},), got {tuple(bias_shape)}")
+    if bias_dtype is not None and not _is_float(bias_dtype):
+      raise TypeError(f"bias must be floating-point, got {_name(bias_dtype)}")
+  return BlockwiseProblem(m=m, n=n, k=k, batch_shape=batch, a_dtype=a_dtype, b_dtype=b_dtype,
+                          out_dtype=out_dtype, variant=variant, has_bias=has_bias)

@@ -1,0 +1,134 @@
+"""Kernel configs of the sm90 block-scaled FP8 GEMM family and the heuristic that picks one.
+
+Names match ``cpp/sm90_fp8_gemm_blockwise_inst.cuh``; the compiled kernel of a config for a
+scale variant is ``blockwise_<variant>_<name>`` (variant "1d2d": 1x128 x 128x128 scales,
+"1d1d": 1x128 x 1x128). All configs accumulate two-level: every 128 of K the tensor-core
+accumulators are promoted into float32 multiplied by that K block's scales (``accum="2lvl"``).
+Pure Python: tested on CPU. The heuristic is unmeasured (no GPU numbers yet).
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+from .configs import KernelConfig
+from .shapes import BlockwiseProblem
+
+VARIANTS = ("1d2d", "1d1d")
+
+_ALL = [
+    KernelConfig("128x128x128_c1x1_coop", (128, 128, 128), (1, 1), "cooperative", False, False, "2lvl"),
+    KernelConfig("128x128x128_c1x1_coop_streamk", (128, 128, 128), (1, 1), "cooperative", False, True, "2lvl"),
+    KernelConfig("64x128x128_c1x1_pingpong", (64, 128, 128), (1, 1), "pingpong", False, False, "2lvl"),
+    KernelConfig("swap_128x16x128_coop_streamk", (128, 16, 128), (1, 1), "cooperative", True, True, "2lvl"),
+    KernelConfig("swap_128x32x128_coop_streamk", (128, 32, 128), (1, 1), "cooperative", True, True, "2lvl"),
+    KernelConfig("swap_128x64x128_coop_streamk", (128, 64, 128), (1, 1), "cooperative", True, True, "2lvl"),
+    KernelConfig("swap_64x16x128_pingpong", (64, 16, 128), (1, 1), "pingpong", True, False, "2lvl"),
+    KernelConfig("swap_64x32x128_pingpong", (64, 32, 128), (1, 1), "pingpong", True, False, "2lvl"),
+    KernelConfig("swap_64x64x128_pingpong", (64, 64, 128), (1, 1), "pingpong", True, False, "2lvl"),
+]
+CONFIGS = {c.name: c for c in _ALL}
+
+
+def config_variants(cfg: KernelConfig) -> tuple:
+  """Scale variants a config is compiled for. A swap-AB tile puts the weights along the
+  kernel's M, where 128x128 scales need a multiple of 128 rows: 64-row swap tiles are 1d1d only."""
+  if cfg.swap_ab and cfg.tile[0] % 128:
+    return ("1d1d",)
+  return VARIANTS
+
+
+def kernel_name(cfg: KernelConfig, variant: str) -> str:
+  """The C++ kernel-table name of a config for a scale variant."""
+  return f"blockwise_{variant}_{cfg.name}"
+
+
+def get_config(name: str, variant: Optional[str] = None) -> KernelConfig:
+  try:
+    cfg = CONFIGS[name]
+  except KeyError:
+    raise ValueError(f"config must be one of {sorted(CONFIGS)}, got {name!r}") from None
+  if variant is not None and variant not in config_variants(cfg):
+    raise ValueError(f"config {name!r} has no kernel for {variant} scales (128x128 weight scales need "
+                     f"128-row kernel tiles); use one of "
+                     f"{sorted(n for n, c in CONFIGS.items() if variant in config_variants(c))}")
+  return cfg
+
+
+def configs_table() -> str:
+  return "\n".join(f"{c} [{', '.join(config_variants(c))}]" for c in _ALL)
+
+
+def num_tiles(problem: BlockwiseProblem, cfg: KernelConfig) -> int:
+  km, kn = (problem.n, problem.m) if cfg.swap_ab else (problem.m, problem.n)
+  return math.ceil(km / cfg.tile[0]) * math.ceil(kn / cfg.tile[1])
+
+
+def wave_efficiency(problem: BlockwiseProblem, cfg: KernelConfig, sm_count: int) -> float:
+  tiles = num_tiles(problem, cfg)
+  return tiles / (math.ceil(tiles / sm_count) * sm_count)
+
+
+def choose_splits(problem: BlockwiseProblem, cfg: KernelConfig, sm_count: int, max_splits: int = 16,
+                  min_k_tiles_per_split: int = 4) -> int:
+  """K splits that best fill the SMs (wave efficiency), preferring fewer splits on ties."""
+  if not cfg.stream_k:
+    return 1
+  tiles = num_tiles(problem, cfg)
+  k_tiles = math.ceil(problem.k / cfg.tile[2])
+  best, best_eff = 1, 0.0
+  for s in range(1, max_splits + 1):
+    if s > 1 and k_tiles // s < min_k_tiles_per_split:
+      break
+    units = tiles * s
+    eff = units / (math.ceil(units / sm_count) * sm_count)
+    if eff > best_eff + 0.04:  # a split costs a partial-tile reduction: require a real gain
+      best, best_eff = s, eff
+  return best
+
+
+#: Below this wave efficiency a data-parallel grid is replaced by stream-K.
+MIN_WAVE_EFFICIENCY = 0.8
+#: CUTLASS's stream-K heuristic decomposition (passed as splits=0 to the kernel).
+STREAM_K_HEURISTIC = 0
+
+
+def select_blockwise_config(problem: BlockwiseProblem, sm_count: int, *, config: Optional[str] = None,
+                            splits: Optional[int] = None) -> tuple:
+  """Returns (KernelConfig, splits) for a block-scaled problem on a GPU with `sm_count` SMs.
+
+  splits: 1 = data-parallel, > 1 = split-K (deterministic reduction), 0 = CUTLASS's stream-K
+  heuristic (stream-K configs only).
+
+  Decode (M <= 64): swap-AB with the smallest N tile covering M. 1d1d: 64-row ping-pong tiles
+  when N gives at least half the SMs a tile, else 128-row cooperative tiles with K split until
+  the weight stream covers the SMs; 1d2d: always the 128-row cooperative tiles (64-row tiles
+  cannot carry 128x128 scales), split by wave efficiency. Otherwise: 128x128 cooperative when
+  its grid fills the GPU's waves well, else 128x128 stream-K. Unmeasured (mirrors the
+  tensorwise family's measured choices).
+  """
+  if sm_count <= 0:
+    raise ValueError(f"sm_count must be positive, got {sm_count}")
+  if config is not None:
+    cfg = get_config(config, problem.variant)
+  else:
+    m = problem.m
+    if m <= 64:
+      tn = 16 if m <= 16 else 32 if m <= 32 else 64
+      cfg = CONFIGS[f"swap_128x{tn}x128_coop_streamk"]
+      if problem.variant == "1d1d":
+        pp = CONFIGS[f"swap_64x{tn}x128_pingpong"]
+        if num_tiles(problem, pp) >= sm_count // 2:
+          cfg = pp
+    else:
+      cfg = CONFIGS["128x128x128_c1x1_coop"]
+      if num_tiles(problem, cfg) < sm_count or wave_efficiency(problem, cfg, sm_count) < MIN_WAVE_EFFICIENCY:
+        cfg = CONFIGS["128x128x128_c1x1_coop_streamk"]
+        if splits is None:
+          splits = STREAM_K_HEURISTIC
+  if splits is None:
+    splits = choose_splits(problem, cfg, sm_count)
+  elif splits < 0 or (splits != 1 and not cfg.stream_k):
+    raise ValueError(f"splits must be 1 for config {cfg.name} (no split-K), got {splits}"
+                     if splits >= 0 else f"splits must be >= 0, got {splits}")
+  return cfg, int(splits)
