@@ -20,6 +20,10 @@ JAX_GMMA_DECLARE(e5m2e4m3, f16)
 JAX_GMMA_DECLARE(e5m2e4m3, f32)
 #undef JAX_GMMA_DECLARE
 int sm90_fp8_tensorwise_sweep_entries(KernelEntry* out);
+int sm90_fp8_blockwise_1d2d_bf16_entries(KernelEntry* out);
+int sm90_fp8_blockwise_1d2d_f32_entries(KernelEntry* out);
+int sm90_fp8_blockwise_1d1d_bf16_entries(KernelEntry* out);
+int sm90_fp8_blockwise_1d1d_f32_entries(KernelEntry* out);
 #endif
 
 namespace {
@@ -38,7 +42,10 @@ struct Table {
     for (auto fill : {&sm90_fp8_tensorwise_e4m3e4m3_bf16_entries, &sm90_fp8_tensorwise_e4m3e4m3_f16_entries,
                       &sm90_fp8_tensorwise_e4m3e4m3_f32_entries, &sm90_fp8_tensorwise_e5m2e4m3_bf16_entries,
                       &sm90_fp8_tensorwise_e5m2e4m3_f16_entries, &sm90_fp8_tensorwise_e5m2e4m3_f32_entries,
-                      &sm90_fp8_tensorwise_sweep_entries}) {
+                      &sm90_fp8_tensorwise_sweep_entries,
+                      // Block-scaled family (1x128 / 128x128 float32 scales), e4m3 x e4m3.
+                      &sm90_fp8_blockwise_1d2d_bf16_entries, &sm90_fp8_blockwise_1d2d_f32_entries,
+                      &sm90_fp8_blockwise_1d1d_bf16_entries, &sm90_fp8_blockwise_1d1d_f32_entries}) {
       int n = fill(buf);
       entries.insert(entries.end(), buf, buf + n);
     }

@@ -4,6 +4,7 @@
 //   kernels()        -> [dict(config, a, b, d, smem_bytes, threads)]
 //   check(...)       -> (error message or None, workspace bytes): CUTLASS can_implement and
 //                       get_workspace_size, host only, at trace time
+//   check_blockwise(...) -> the same for the block-scaled family ("blockwise_*" kernels)
 //   prepare(device)  -> one-time per-device kernel setup, outside any stream capture
 //   built_archs(), cuda_built()
 #include <nanobind/nanobind.h>
@@ -18,6 +19,7 @@
 #if defined(JAX_GMMA_WITH_CUDA)
 #include "jax_gmma/gemm_api.h"
 extern "C" void* jax_gmma_fp8_gemm_handler();
+extern "C" void* jax_gmma_fp8_blockwise_gemm_handler();
 extern "C" void jax_gmma_capture_stats(uint64_t* captured, uint64_t* eager);
 extern "C" void jax_gmma_host_stats(uint64_t* calls, uint64_t* ns);
 #endif
@@ -61,6 +63,7 @@ NB_MODULE(_gmma_ext, m) {
     nb::dict d;
 #if defined(JAX_GMMA_WITH_CUDA)
     d["jax_gmma_fp8_gemm"] = nb::capsule(jax_gmma_fp8_gemm_handler());
+    d["jax_gmma_fp8_blockwise_gemm"] = nb::capsule(jax_gmma_fp8_blockwise_gemm_handler());
 #endif
     return d;
   });
@@ -129,6 +132,40 @@ NB_MODULE(_gmma_ext, m) {
       nb::arg("config"), nb::arg("a"), nb::arg("b"), nb::arg("d"), nb::arg("m"), nb::arg("n"),
       nb::arg("k"), nb::arg("splits"), nb::arg("sm_count"), nb::arg("a_vec"), nb::arg("b_vec"),
       nb::arg("has_bias"));
+
+  // Block-scaled family: can_implement + workspace size for a "blockwise_<variant>_<cfg>"
+  // kernel, host only, at trace time. Scale leading dimensions follow gemm_api.h's rule.
+  m.def(
+      "check_blockwise",
+      [](const std::string& config, const std::string& a, const std::string& b, const std::string& d,
+         int64_t mm, int64_t n, int64_t k, int splits, int sm_count,
+         bool has_bias) -> std::pair<std::optional<std::string>, int64_t> {
+#if defined(JAX_GMMA_WITH_CUDA)
+        const bool is_1d2d = config.rfind("blockwise_1d2d_", 0) == 0;
+        if (!is_1d2d && config.rfind("blockwise_1d1d_", 0) != 0)
+          return {std::string("not a block-scaled kernel: '") + config + "'", 0};
+        const jax_gmma::KernelEntry* e =
+            jax_gmma::find_kernel(config.c_str(), parse_dtype(a), parse_dtype(b), parse_dtype(d));
+        if (!e) return {std::string("no kernel '") + config + "' for " + a + " x " + b + " -> " + d, 0};
+        jax_gmma::GemmArgs g;
+        g.m = mm; g.n = n; g.k = k;
+        g.splits = splits; g.sm_count = sm_count;
+        static float dummy_scale = 1.f;  // never dereferenced on the host
+        g.a_block_scale = g.b_block_scale = &dummy_scale;
+        const int64_t rows_b = is_1d2d ? (n + 127) / 128 : n;
+        g.a_block_scale_ld = jax_gmma::block_scale_ld(mm);
+        g.b_block_scale_ld = jax_gmma::block_scale_ld(rows_b);
+        g.bias = has_bias ? &dummy_scale : nullptr;
+        if (const char* msg = e->can_implement(g)) return {std::string(msg), 0};
+        return {std::nullopt, static_cast<int64_t>(e->workspace_size(g))};
+#else
+        (void)config; (void)a; (void)b; (void)d; (void)mm; (void)n; (void)k; (void)splits;
+        (void)sm_count; (void)has_bias;
+        return {std::string("jax_gmma was built without CUDA kernels"), 0};
+#endif
+      },
+      nb::arg("config"), nb::arg("a"), nb::arg("b"), nb::arg("d"), nb::arg("m"), nb::arg("n"),
+      nb::arg("k"), nb::arg("splits"), nb::arg("sm_count"), nb::arg("has_bias"));
 
   m.def("prepare", [](int device) -> std::optional<std::string> {
 #if defined(JAX_GMMA_WITH_CUDA)

@@ -135,6 +135,96 @@ ffi::Error Fp8GemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
   return ffi::Error::Success();
 }
 
+// Block-scaled FP8 GEMM (DeepSeek-style 1x128 x 128x128 or 1x128 x 1x128 float32 scales).
+// Operands: a (M,K) fp8, b (N,K) fp8, a_scales f32 (kb, ld_a), b_scales f32 (kb, ld_b) -- the
+// MN-major layout of gemm_api.h, kb = ceil(K/128), ld = round_up(rows, 4), rows_a = M,
+// rows_b = ceil(N/128) ("blockwise_1d2d_*" configs) or N ("blockwise_1d1d_*") -- and bias (N,)
+// in the output dtype (ignored unless has_bias). Results: d (M,N), workspace u8.
+ffi::Error Fp8BlockwiseGemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
+                                ffi::AnyBuffer a_scales, ffi::AnyBuffer b_scales, ffi::AnyBuffer bias,
+                                ffi::Result<ffi::AnyBuffer> d, ffi::Result<ffi::AnyBuffer> workspace,
+                                std::string_view config, int32_t splits, int32_t sm_count,
+                                bool has_bias) {
+  HostTimer timer;
+  auto bad = [](std::string msg) {
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument, "jax_gmma_fp8_blockwise_gemm: " + msg);
+  };
+  // Cheap structural checks: the Python shape rules already enforce these at trace time.
+  auto ad = a.dimensions();
+  auto bd = b.dimensions();
+  auto dd = d->dimensions();
+  if (ad.size() != 2 || bd.size() != 2 || dd.size() != 2) return bad("operands must be 2-D");
+  const int64_t m = ad[0], k = ad[1], n = bd[0];
+  if (bd[1] != k || dd[0] != m || dd[1] != n) return bad("shape mismatch");
+  DType ta, tb, td;
+  if (!to_dtype(a.element_type(), &ta) || !to_dtype(b.element_type(), &tb) ||
+      !to_dtype(d->element_type(), &td))
+    return bad("unsupported dtype");
+  if (a_scales.element_type() != ffi::DataType::F32 || b_scales.element_type() != ffi::DataType::F32)
+    return bad("scales must be float32");
+  constexpr std::string_view k1d2d = "blockwise_1d2d_", k1d1d = "blockwise_1d1d_";
+  const bool is_1d2d = config.substr(0, k1d2d.size()) == k1d2d;
+  if (!is_1d2d && config.substr(0, k1d1d.size()) != k1d1d)
+    return bad("config must be a blockwise_1d2d_* or blockwise_1d1d_* kernel");
+  const int64_t kb = (k + 127) / 128;
+  const int64_t rows_b = is_1d2d ? (n + 127) / 128 : n;
+  const int64_t ld_a = block_scale_ld(m), ld_b = block_scale_ld(rows_b);
+  if (static_cast<int64_t>(a_scales.element_count()) != kb * ld_a ||
+      static_cast<int64_t>(b_scales.element_count()) != kb * ld_b)
+    return bad("scale sizes (expected (ceil(K/128), round_up(rows, 4)) MN-major scales)");
+  if (has_bias && (bias.element_type() != d->element_type() ||
+                   static_cast<int64_t>(bias.element_count()) != n))
+    return bad("bias must be (N,) in the output dtype");
+
+  // Thread-local one-entry cache: the same call site hits it every step.
+  thread_local const KernelEntry* cached = nullptr;
+  thread_local std::string cached_name;
+  const KernelEntry* entry = nullptr;
+  if (cached && cached->a == ta && cached->b == tb && cached->d == td && cached_name == config) {
+    entry = cached;
+  } else {
+    std::string name(config);
+    entry = find_kernel(name.c_str(), ta, tb, td);
+    if (!entry)
+      return bad("no kernel '" + name + "' for " + dtype_name(ta) + " x " + dtype_name(tb) + " -> " +
+                 dtype_name(td) + " in this build");
+    cached = entry;
+    cached_name = std::move(name);
+  }
+
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return ffi::Error::Internal("cudaGetDevice failed");
+  if (cudaError_t err = ensure_prepared(entry, device); err != cudaSuccess)
+    return ffi::Error::Internal(std::string("jax_gmma: kernel setup failed: ") + cudaGetErrorString(err));
+
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess)
+    return ffi::Error::Internal("cudaStreamIsCapturing failed");
+  (capture == cudaStreamCaptureStatusActive ? g_captured : g_eager).fetch_add(1, std::memory_order_relaxed);
+
+  GemmArgs g;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.a = a.untyped_data();
+  g.b = b.untyped_data();
+  g.a_block_scale = static_cast<const float*>(a_scales.untyped_data());
+  g.b_block_scale = static_cast<const float*>(b_scales.untyped_data());
+  g.a_block_scale_ld = ld_a;
+  g.b_block_scale_ld = ld_b;
+  g.bias = has_bias ? bias.untyped_data() : nullptr;
+  g.d = d->untyped_data();
+  g.workspace = workspace->untyped_data();
+  g.workspace_bytes = workspace->size_bytes();
+  g.splits = splits;
+  g.sm_count = sm_count;
+  g.device = device;
+  if (cudaError_t err = entry->run(g, stream); err != cudaSuccess)
+    return ffi::Error::Internal(std::string("jax_gmma: kernel launch failed (") + entry->config +
+                                "): " + cudaGetErrorString(err));
+  return ffi::Error::Success();
+}
+
 }  // namespace
 }  // namespace jax_gmma
 
@@ -160,6 +250,26 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxGmmaFp8Gemm, jax_gmma::Fp8GemmImpl,
 // The handler's address for the nanobind module (which does not include the XLA headers).
 extern "C" __attribute__((visibility("default"))) void* jax_gmma_fp8_gemm_handler() {
   return reinterpret_cast<void*>(&JaxGmmaFp8Gemm);
+}
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxGmmaFp8BlockwiseGemm, jax_gmma::Fp8BlockwiseGemmImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()  // a
+                                  .Arg<ffi::AnyBuffer>()  // b
+                                  .Arg<ffi::AnyBuffer>()  // a_scales (kernel layout)
+                                  .Arg<ffi::AnyBuffer>()  // b_scales (kernel layout)
+                                  .Arg<ffi::AnyBuffer>()  // bias
+                                  .Ret<ffi::AnyBuffer>()  // d
+                                  .Ret<ffi::AnyBuffer>()  // workspace
+                                  .Attr<std::string_view>("config")
+                                  .Attr<int32_t>("splits")
+                                  .Attr<int32_t>("sm_count")
+                                  .Attr<bool>("has_bias"),
+                              JAX_GMMA_GRAPH_SAFE_TRAITS);
+
+extern "C" __attribute__((visibility("default"))) void* jax_gmma_fp8_blockwise_gemm_handler() {
+  return reinterpret_cast<void*>(&JaxGmmaFp8BlockwiseGemm);
 }
 
 // Counters of executions under stream capture / eager (see g_captured above).

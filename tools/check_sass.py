@@ -26,8 +26,12 @@ def find_tool(name):
 
 
 def main():
-  import jax_gmma
-  libs = glob.glob(os.path.join(os.path.dirname(jax_gmma.__file__), "libjax_gmma_cuda*.so"))
+  # Paths on the command line (a library or object files, e.g. one compiled translation unit)
+  # are checked instead of the installed library.
+  libs = sys.argv[1:]
+  if not libs:
+    import jax_gmma
+    libs = glob.glob(os.path.join(os.path.dirname(jax_gmma.__file__), "libjax_gmma_cuda*.so"))
   if not libs:
     print("check_sass: no CUDA kernel library installed; nothing to check")
     return 0
@@ -37,8 +41,8 @@ def main():
     print("check_sass: cuobjdump/nvdisasm not found; skipped")
     return 0
   env = dict(os.environ, PATH=os.path.dirname(nvdisasm) + os.pathsep + os.environ.get("PATH", ""))
-  sass = subprocess.run([cuobjdump, "--dump-sass", libs[0]], capture_output=True, text=True, env=env,
-                        check=True).stdout
+  sass = "".join(subprocess.run([cuobjdump, "--dump-sass", lib], capture_output=True, text=True, env=env,
+                                check=True).stdout for lib in (libs if sys.argv[1:] else libs[:1]))
   funcs = re.split(r"\n\s*Function : ", sass)[1:]
   kernels = [f for f in funcs if "GemmUniversal" in f.split("\n", 1)[0]]
   bad = []
@@ -49,7 +53,10 @@ def main():
     spills = len(re.findall(r"\bSTL\b", f))
     if spills > 32:
       bad.append(f"{name}: {spills} local-memory stores (register spills)")
-  print(f"check_sass: {len(kernels)} GEMM kernels, all QGMMA + UTMALDG" if not bad else "\n".join(bad))
+  # Block-scaled family (sm90 FP8 blockwise-scaling mainloop), counted apart.
+  n_block = sum("BlockwiseFP8" in f.split("\n", 1)[0] for f in kernels)
+  print(f"check_sass: {len(kernels)} GEMM kernels ({n_block} block-scaled), all QGMMA + UTMALDG"
+        if not bad else "\n".join(bad))
   return 1 if bad or not kernels else 0
 
 

@@ -35,7 +35,18 @@ struct GemmArgs {
   int32_t splits = 1;             // K splits for stream-K/split-K configs (1 = none)
   int32_t sm_count = 0;           // SMs the persistent/stream-K schedulers spread over
   int32_t device = 0;             // CUDA device ordinal (for the hardware info)
+  // Block-scaled family ("blockwise_*" configs) only; nullptr/0 for the others. float32 scales,
+  // one per 128 of K, stored MN-major: scale (row r, K block kb) at [kb * ld + r], ld a
+  // multiple of 4 >= rows. A: rows = M (1x128 blocks). B: rows = ceil(N/128) (128x128 blocks,
+  // "1d2d" configs) or N (1x128 blocks, "1d1d" configs).
+  const float* a_block_scale = nullptr;
+  const float* b_block_scale = nullptr;
+  int64_t a_block_scale_ld = 0;
+  int64_t b_block_scale_ld = 0;
 };
+
+// Leading dimension of a block-scale matrix with `rows` rows (see GemmArgs): 16-byte columns.
+inline int64_t block_scale_ld(int64_t rows) { return (rows + 3) / 4 * 4; }
 
 // One compiled kernel: a (config, A dtype, B dtype, D dtype) combination.
 struct KernelEntry {
