@@ -4,8 +4,9 @@ jax_gmma.configs.select_config.
 
   python3 -P benchmarks/sweep.py --suite decode|large|all [--out DIR]
 
-Per row: median over repeats of a jitted function running 32 independent GEMMs over a pool
-of distinct weight matrices (>= 200 MB, so weights come from HBM, not L2), divided by 32,
+Per row: median over repeats of a jitted function running G independent GEMMs (32 for M <= 64,
+8 above), each with its own weight matrix (>= 200 MB per call, so weights come from HBM, not
+L2; distinct operands also keep XLA's CSE from merging GEMMs), divided by G,
 after a GPU warm-up (idle clocks would skew the first rows).
 Stages: the production configs use CUTLASS's automatic stage count (as many stages as shared
 memory holds after the epilogue's carve-out); the sweep-only kernels `<config>_s<N>` (built for
@@ -40,7 +41,7 @@ def candidates(m, pattern=None):
       continue
     if c.swap_ab and m > c.tile[1]:
       continue
-    if not c.swap_ab and m <= 64:
+    if not c.swap_ab and (m <= 16 or (m <= 64 and c.sweep)):
       continue
     if c.swap_ab and m > 64:
       continue
@@ -78,15 +79,18 @@ def warm_gpu(seconds=1.0):
 
 def sweep_shape(m, n, k, repeats, sm_count, pattern=None):
   key = jax.random.PRNGKey(m * 7 + n + k)
-  # G GEMMs per call over a pool of distinct weights of >= 200 MB (cycled), so the weights
-  # stream from HBM and per-call dispatch is amortized: 32 for small M, 8 for large GEMMs.
+  # G GEMMs per call, each with its own weight, so the weights stream from HBM (>= 200 MB per
+  # call at every swept shape) and per-call dispatch is amortized: 32 for small M, 8 for large.
   g = 32 if m <= 64 else 8
-  pool = max(2, min(g, math.ceil(200e6 / (n * k))))
+  # One distinct weight per GEMM: identical (activation, weight) pairs would be merged by XLA's
+  # CSE (the first version of this sweep timed 3 distinct GEMMs per 32 that way).
+  pool = g
   ka, kw = jax.random.split(key)
   a = (jax.random.normal(ka, (m, k)) * 2).astype(jnp.float8_e4m3fn)
-  ws = (jax.random.normal(kw, (pool, n, k)) * 2).astype(jnp.float8_e4m3fn)
+  gen = jax.jit(lambda kk: (jax.random.normal(kk, (n, k)) * 2).astype(jnp.float8_e4m3fn))
+  ws = tuple(gen(kk) for kk in jax.random.split(kw, pool))
   sa, sb = jnp.float32(1 / 64), jnp.float32(1 / 64)
-  prob = shapes.fp8_gemm_problem((m, k), a.dtype, (n, k), ws.dtype)
+  prob = shapes.fp8_gemm_problem((m, k), a.dtype, (n, k), ws[0].dtype)
   pick = configs.select_config(prob, sm_count)
   pick_fast = configs.select_config(prob, sm_count, fast_accum=True)
   rows = []

@@ -4,18 +4,27 @@
 # and copied to prebuilt/ (carried with the call); here only the small extension is built.
 #
 # Usage: scripts/gpu_session.sh MODE
-#   tests    all tests (GPU tests included); TESTS="-k expr" narrows them; with wheels of
+#   tests    all tests (GPU tests included); TESTS="tests/x.py -k 'expr'" replaces the selection; with wheels of
 #            pytest-xdist/execnet in prebuilt/wheels they run in $WORKERS processes (the GPU tests
 #            are dominated by XLA compiles on the host)
 #   measure  SASS check, key GPU tests, large + decode + host benchmark suites
 #   decode   SASS check, CUDA-graph test, decode chains (+ DECODE_CONFIGS rows), host cost
-#   sweep    benchmarks/sweep.py: decode + large suites (SWEEP_ARGS adds options), host cost
+#   sweep    benchmarks/sweep.py: decode + large suites (SWEEP_*_ARGS add options), host cost
+#   steps    tests, sass, sweep_decode, sweep_large, large, decode, host; MODE may list several
+#            separated by commas (e.g. tests,sweep_decode)
 # Logs and results go to $OUT (at most 8 files come back from the device machine).
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-/tmp/jax_gmma_out}
 MODE=${1:-tests}
 mkdir -p "$OUT"
+# prebuilt/src.tar: the source tree the prebuilt library was built from (so the extension and
+# the Python side match the library even while the checkout moves on); used when present.
+if [ -f "$REPO/prebuilt/src.tar" ]; then
+  rm -rf /tmp/src && mkdir -p /tmp/src && tar -xf "$REPO/prebuilt/src.tar" -C /tmp/src \
+    && mkdir -p /tmp/src/prebuilt && cp -r "$REPO"/prebuilt/*.so "$REPO"/prebuilt/wheels /tmp/src/prebuilt/ \
+    && REPO=/tmp/src
+fi
 export PYTHONUNBUFFERED=1
 cd "$REPO"
 JAX_GMMA_PREBUILT_CUDA_LIB="$REPO/prebuilt/libjax_gmma_cuda.so" \
@@ -32,29 +41,31 @@ bench() {  # suite, timeout, extra args...
   mkdir -p "$OUT/$suite"
   timeout "$limit" python3 -P benchmarks/bench_fp8.py --suite "$suite" --repeats 10 --out "$OUT/$suite" "$@"
 }
-{
-  case "$MODE" in
+step() {
+  case "$1" in
     tests)
-      XLA_PYTHON_CLIENT_PREALLOCATE=false timeout ${T_TEST:-560} \
-        python3 -P -m pytest -q -p no:cacheprovider $XDIST tests ${TESTS:-} ;;
-    sweep)
-      timeout ${T_SWEEP_DECODE:-200} python3 -P benchmarks/sweep.py --suite decode --out "$OUT/sweep" ${SWEEP_DECODE_ARGS:-}
-      timeout ${T_SWEEP_LARGE:-240} python3 -P benchmarks/sweep.py --suite large --out "$OUT/sweep" ${SWEEP_LARGE_ARGS:-}
-      bench host ${T_HOST:-60} --no-plot ;;
-    measure)
-      python3 -P tools/check_sass.py
-      timeout ${T_TEST:-120} python3 -P -m pytest -q -p no:cacheprovider tests/test_gpu_fp8.py \
-        -k "${TESTS:-every_config or command_buffers or batch_dims or nan_inf or dot_on_gpu or no_silent}"
-      bench large ${T_LARGE:-200}
-      bench decode ${T_DECODE:-150} --no-plot
-      bench host ${T_HOST:-60} --no-plot ;;
-    decode)
-      python3 -P tools/check_sass.py
-      timeout ${T_TEST:-45} python3 -P -m pytest -q -p no:cacheprovider tests/test_gpu_fp8.py \
-        -k "${TESTS:-command_buffers or batch_dims}"
-      bench decode ${T_DECODE:-150} --no-plot --decode-configs "${DECODE_CONFIGS:-}"
-      bench host ${T_HOST:-40} --no-plot ;;
-    *) echo "unknown mode $MODE" >&2; exit 2 ;;
+      eval "XLA_PYTHON_CLIENT_PREALLOCATE=false timeout ${T_TEST:-560} \
+        python3 -P -m pytest -q -p no:cacheprovider $XDIST ${TESTS:-tests}" ;;
+    sass) python3 -P tools/check_sass.py ;;
+    sweep_decode)
+      timeout ${T_SWEEP_DECODE:-200} python3 -P benchmarks/sweep.py --suite decode --out "$OUT/sweep" ${SWEEP_DECODE_ARGS:-} ;;
+    sweep_large)
+      timeout ${T_SWEEP_LARGE:-240} python3 -P benchmarks/sweep.py --suite large --out "$OUT/sweep" ${SWEEP_LARGE_ARGS:-} ;;
+    large) bench large ${T_LARGE:-300} ;;
+    decode) bench decode ${T_DECODE:-150} --no-plot --decode-configs "${DECODE_CONFIGS:-}" ;;
+    host) bench host ${T_HOST:-60} --no-plot ;;
+    # composite modes
+    sweep) step sweep_decode; step sweep_large; step host ;;
+    measure) step sass; TESTS="${TESTS:-tests/test_gpu_fp8.py -k 'every_config or command_buffers or batch_dims or nan_inf or dot_on_gpu or no_silent'}" step tests
+             step large; step decode; step host ;;
+    *) echo "unknown step $1" >&2; return 2 ;;
   esac
+}
+{
+  # MODE: one step or a comma-separated list, e.g. tests,sweep_decode
+  for s in ${MODE//,/ }; do
+    echo "=== step $s ($(date -u +%H:%M:%S))"
+    step "$s"
+  done
 } > "$OUT/run.log" 2>&1
-grep -E "passed|failed|error|check_sass|TFLOP/s|TF/s|^M=|us/GEMM|us/call" "$OUT/run.log" | head -150
+grep -E "=== step|passed|failed|error|check_sass|TFLOP/s|TF/s|^M=|us/GEMM|us/call" "$OUT/run.log" | head -150
