@@ -64,14 +64,21 @@ using WithStages = Config<typename Cfg::Tile, typename Cfg::Cluster, typename Cf
                           typename Cfg::EpilogueSchedule, typename Cfg::TileScheduler, Cfg::kSwap, S>;
 
 // Large tiles. Two-level (promoting) accumulation keeps a second fp32 accumulator per thread,
-// so its tiles give each consumer warpgroup at most 64x128 outputs (128x256 and 128x128
-// ping-pong tiles spill registers with promotion; measured 3x slower).
+// so its tiles give each consumer warpgroup at most 64x192 outputs (128x256 cooperative and
+// 128x128 ping-pong tiles spill registers with promotion; measured 3x slower). 128x192 was the
+// fastest two-level tile of the sweep at every large shape (and fits N = 2112 = 11 x 192).
 using CfgL256CoopFast = Config<Shape<_128, _256, _128>, Shape<_2, _1, _1>,
                                sched::KernelTmaWarpSpecializedCooperativeFP8FastAccum,
                                epi::TmaWarpSpecializedCooperative, void, false>;
 using CfgM128Coop2l = Config<Shape<_128, _128, _128>, Shape<_2, _1, _1>,
                              sched::KernelTmaWarpSpecializedCooperative,
                              epi::TmaWarpSpecializedCooperative, void, false>;
+using CfgM192Coop2l = Config<Shape<_128, _192, _128>, Shape<_2, _1, _1>,
+                             sched::KernelTmaWarpSpecializedCooperative,
+                             epi::TmaWarpSpecializedCooperative, void, false>;
+using CfgM192CoopFast = Config<Shape<_128, _192, _128>, Shape<_2, _1, _1>,
+                               sched::KernelTmaWarpSpecializedCooperativeFP8FastAccum,
+                               epi::TmaWarpSpecializedCooperative, void, false>;
 using CfgP128PpFast = Config<Shape<_128, _128, _128>, Shape<_1, _2, _1>,
                              sched::KernelTmaWarpSpecializedPingpongFP8FastAccum,
                              epi::TmaWarpSpecialized, void, false>;

@@ -13,6 +13,8 @@ inline void add_tensorwise_configs(KernelEntry* out, int& i) {
   out[i++] = Sm90Fp8Gemm<kA, kB, kD, CfgDecodeSwap<16>>::entry("swap_128x16x128_coop_streamk_2lvl");
 #else
   out[i++] = Sm90Fp8Gemm<kA, kB, kD, CfgL256CoopFast>::entry("128x256x128_c2x1_coop_fast");
+  out[i++] = Sm90Fp8Gemm<kA, kB, kD, CfgM192Coop2l>::entry("128x192x128_c2x1_coop_2lvl");
+  out[i++] = Sm90Fp8Gemm<kA, kB, kD, CfgM192CoopFast>::entry("128x192x128_c2x1_coop_fast");
   out[i++] = Sm90Fp8Gemm<kA, kB, kD, CfgM128Coop2l>::entry("128x128x128_c2x1_coop_2lvl");
   out[i++] = Sm90Fp8Gemm<kA, kB, kD, CfgP128PpFast>::entry("128x128x128_c1x2_pingpong_fast");
   out[i++] = Sm90Fp8Gemm<kA, kB, kD, CfgS128CoopSk>::entry("128x128x128_c1x1_coop_streamk_2lvl");

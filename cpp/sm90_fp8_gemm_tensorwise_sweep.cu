@@ -7,14 +7,6 @@
 namespace jax_gmma {
 namespace sm90 {
 
-// Candidate tiles: 128x192 gives each consumer warpgroup 64x192 outputs (N = 2112 = 11 x 192).
-using CfgM192Coop2l = Config<Shape<_128, _192, _128>, Shape<_2, _1, _1>,
-                             sched::KernelTmaWarpSpecializedCooperative,
-                             epi::TmaWarpSpecializedCooperative, void, false>;
-using CfgM192CoopFast = Config<Shape<_128, _192, _128>, Shape<_2, _1, _1>,
-                               sched::KernelTmaWarpSpecializedCooperativeFP8FastAccum,
-                               epi::TmaWarpSpecializedCooperative, void, false>;
-
 // Ping-pong 2-level: each consumer warpgroup owns a whole 64xN tile, so one warpgroup's
 // promotion (which drains its wgmma queue) overlaps the other's MMAs.
 using CfgP64x192Pp2l = Config<Shape<_64, _192, _128>, Shape<_1, _2, _1>,
@@ -47,8 +39,7 @@ int sm90_fp8_tensorwise_sweep_entries(KernelEntry* out) {
   out[i++] = K<WithStages<CfgDecodeSwapPp<16>, 8>>::entry("swap_64x16x128_pingpong_2lvl_s8");
   out[i++] = K<WithStages<CfgDecodeSwapPp<64>, 4>>::entry("swap_64x64x128_pingpong_2lvl_s4");
   out[i++] = K<WithStages<CfgDecodeSwapPp<64>, 8>>::entry("swap_64x64x128_pingpong_2lvl_s8");
-  out[i++] = K<CfgM192Coop2l>::entry("128x192x128_c2x1_coop_2lvl");
-  out[i++] = K<CfgM192CoopFast>::entry("128x192x128_c2x1_coop_fast");
+  out[i++] = K<WithStages<CfgM192Coop2l, 4>>::entry("128x192x128_c2x1_coop_2lvl_s4");
   out[i++] = K<CfgP64x192Pp2l>::entry("64x192x128_c1x2_pingpong_2lvl");
   out[i++] = K<CfgP64x128Pp2l>::entry("64x128x128_c1x2_pingpong_2lvl");
 #endif

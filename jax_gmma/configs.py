@@ -37,6 +37,8 @@ class KernelConfig:
 
 _ALL = [
     KernelConfig("128x256x128_c2x1_coop_fast", (128, 256, 128), (2, 1), "cooperative", False, False, "fast"),
+    KernelConfig("128x192x128_c2x1_coop_2lvl", (128, 192, 128), (2, 1), "cooperative", False, False, "2lvl"),
+    KernelConfig("128x192x128_c2x1_coop_fast", (128, 192, 128), (2, 1), "cooperative", False, False, "fast"),
     KernelConfig("128x128x128_c2x1_coop_2lvl", (128, 128, 128), (2, 1), "cooperative", False, False, "2lvl"),
     KernelConfig("128x128x128_c1x2_pingpong_fast", (128, 128, 128), (1, 2), "pingpong", False, False, "fast"),
     KernelConfig("128x128x128_c1x1_coop_streamk_2lvl", (128, 128, 128), (1, 1), "cooperative", False, True, "2lvl"),
@@ -63,10 +65,7 @@ _SWEEP = [
     *(_staged("128x128x128_c1x2_pingpong_fast", s) for s in (3, 4)),
     *(_staged("swap_64x16x128_pingpong_2lvl", s) for s in (4, 8)),
     *(_staged("swap_64x64x128_pingpong_2lvl", s) for s in (4, 8)),
-    KernelConfig("128x192x128_c2x1_coop_2lvl", (128, 192, 128), (2, 1), "cooperative", False, False, "2lvl",
-                 sweep=True),
-    KernelConfig("128x192x128_c2x1_coop_fast", (128, 192, 128), (2, 1), "cooperative", False, False, "fast",
-                 sweep=True),
+    _staged("128x192x128_c2x1_coop_2lvl", 4),
     KernelConfig("64x192x128_c1x2_pingpong_2lvl", (64, 192, 128), (1, 2), "pingpong", False, False, "2lvl",
                  sweep=True),
     KernelConfig("64x128x128_c1x2_pingpong_2lvl", (64, 128, 128), (1, 2), "pingpong", False, False, "2lvl",
@@ -122,10 +121,25 @@ def wave_efficiency(problem: GemmProblem, cfg: KernelConfig, sm_count: int) -> f
   return tiles / (math.ceil(tiles / sm_count) * sm_count)
 
 
-#: Below this wave efficiency a data-parallel grid is replaced by stream-K.
-MIN_WAVE_EFFICIENCY = 0.8
+def useful_fraction(problem: GemmProblem, cfg: KernelConfig, sm_count: int) -> float:
+  """Fraction of the launched waves' tile area that holds real outputs (1.0 = no partial tiles
+  and no partial last wave): wave efficiency times the M and N fill of the edge tiles."""
+  km, kn = _kernel_mn(problem, cfg)
+  tiles = num_tiles(problem, cfg)
+  waves = math.ceil(tiles / sm_count)
+  return km * kn / (waves * sm_count * cfg.tile[0] * cfg.tile[1])
+
+
+#: A data-parallel grid whose useful fraction is below this is replaced by the next candidate
+#: (and in the end by stream-K).
+MIN_USEFUL_FRACTION = 0.85
 #: CUTLASS's stream-K heuristic decomposition (passed as splits=0 to the kernel).
 STREAM_K_HEURISTIC = 0
+# Candidates in order of preference (measured per-tile speed on an H200, benchmarks/sweep.py,
+# results in benchmarks/results/): the first whose grid fills the GPU well enough wins.
+_LARGE_2LVL = ("128x192x128_c2x1_coop_2lvl", "128x128x128_c2x1_coop_2lvl")
+_LARGE_FAST = ("128x256x128_c2x1_coop_fast", "128x192x128_c2x1_coop_fast",
+               "128x128x128_c1x2_pingpong_fast")
 
 
 def select_config(problem: GemmProblem, sm_count: int, *, fast_accum: bool = False,
@@ -135,11 +149,13 @@ def select_config(problem: GemmProblem, sm_count: int, *, fast_accum: bool = Fal
   splits: 1 = data-parallel, > 1 = split-K (deterministic reduction), 0 = CUTLASS's stream-K
   heuristic (stream-K configs only).
 
-  Decode (M <= 64): swap-AB with the smallest N tile covering M: 64-row ping-pong tiles when
-  N gives at least half the SMs a tile, else 128-row cooperative tiles with K split until the
-  weight stream covers the SMs. Otherwise: the largest tile of the requested accumulation mode whose
-  grid fills the GPU's waves well, else 128x128 stream-K. `fast_accum` selects tensor-core-only
-  accumulation where a fast variant exists (decode and stream-K configs always promote).
+  Decode (M <= 64): swap-AB with the smallest N tile covering M. 64-row ping-pong tiles (no
+  workspace) when the weight rows make at most one wave of them; more weight rows: 128-row
+  cooperative tiles with CUTLASS's stream-K decomposition (measured at N = 28672: 5-11% faster
+  than 3.4 waves of 64-row tiles); fewer than half the SMs' worth of 64-row tiles: 128-row tiles
+  with K split until the weight stream covers the SMs. Otherwise: the first large tile of the
+  requested accumulation mode (128x192 then 128x128 for two-level; 128x256, 128x192, 128x128
+  ping-pong for fast) whose grid has a useful fraction >= MIN_USEFUL_FRACTION, else stream-K.
   """
   if sm_count <= 0:
     raise ValueError(f"sm_count must be positive, got {sm_count}")
@@ -153,20 +169,21 @@ def select_config(problem: GemmProblem, sm_count: int, *, fast_accum: bool = Fal
   else:
     m = problem.m
     if m <= 64:
-      # Measured on an H200 (decode chains, N=K=8192 and N=28672, K=8192): the ping-pong
-      # 64-row swap tiles with no workspace beat the cooperative split-K ones by 15-25%
-      # once they give every SM a tile; with fewer tiles, split-K keeps the SMs streaming.
       tn = 16 if m <= 16 else 32 if m <= 32 else 64
       cfg = CONFIGS[f"swap_64x{tn}x128_pingpong_2lvl"]
-      if num_tiles(problem, cfg) < sm_count // 2:
+      tiles = num_tiles(problem, cfg)
+      if tiles > sm_count:
+        cfg = CONFIGS[f"swap_128x{tn}x128_coop_streamk_2lvl"]
+        if splits is None:
+          splits = STREAM_K_HEURISTIC
+      elif tiles < sm_count // 2:
         cfg = CONFIGS[f"swap_128x{tn}x128_coop_streamk_2lvl"]
     else:
-      candidates = (["128x256x128_c2x1_coop_fast", "128x128x128_c1x2_pingpong_fast"] if fast_accum
-                    else ["128x128x128_c2x1_coop_2lvl"])
-      cfg = CONFIGS["128x128x128_c1x1_coop_streamk_2lvl"]
-      for name in candidates:
+      cfg = CONFIGS["128x256x128_c1x1_coop_streamk_fast" if fast_accum
+                    else "128x128x128_c1x1_coop_streamk_2lvl"]
+      for name in (_LARGE_FAST if fast_accum else _LARGE_2LVL):
         c = CONFIGS[name]
-        if num_tiles(problem, c) >= sm_count and wave_efficiency(problem, c, sm_count) >= MIN_WAVE_EFFICIENCY:
+        if num_tiles(problem, c) >= sm_count and useful_fraction(problem, c, sm_count) >= MIN_USEFUL_FRACTION:
           cfg = c
           break
       if cfg.stream_k and splits is None:

@@ -14,7 +14,7 @@ def prob(m, n, k):
 
 @pytest.mark.parametrize("m, expect", [(1, "swap_64x16"), (16, "swap_64x16"), (17, "swap_64x32"),
                                        (64, "swap_64x64"), (129, "128x128x128_c1x1_coop_streamk"),
-                                       (8192, "128x128x128_c2x1_coop_2lvl")])
+                                       (8192, "128x192x128_c2x1_coop_2lvl")])
 def test_heuristic_by_m(m, expect):
   cfg, s = configs.select_config(prob(m, 8192, 8192), 132)
   assert cfg.name.startswith(expect), cfg.name
