@@ -147,6 +147,10 @@ def main():
         print(f"  {r['config']:36s} splits={r['splits']}  ERROR {r['error']}", flush=True)
         lines.append(f"| {r['config']} | | {r['splits']} | error: {r['error']} | | | | |")
     lines.append("")
+    _write(args, dev, rows, lines)  # after every shape: a time limit keeps what was measured
+
+
+def _write(args, dev, rows, lines):
   os.makedirs(args.out, exist_ok=True)
   with open(os.path.join(args.out, f"sweep_{args.suite}.json"), "w") as f:
     json.dump(dict(device=dev.device_kind, date=time.strftime("%Y-%m-%d"), rows=rows), f, indent=1)
