@@ -10,6 +10,8 @@ from ._backend import allow_reference, set_allow_reference, KernelUnavailable
 from .api import dot
 from . import blockwise_configs
 from .blockwise import blockwise_gemm, blockwise_gemm_reference, fp8_blockwise_gemm_p, scaled_matmul
+from . import mx
+from .mx import mx_gemm, mx_gemm_p
 from .configs import KernelConfig, select_config
 from .formats import FORMATS, get_format
 from .ops import fp8_gemm, fp8_gemm_p
@@ -27,4 +29,5 @@ __all__ = [
     "formats", "layouts", "shapes",
     "blockwise_gemm", "blockwise_gemm_reference", "fp8_blockwise_gemm_p", "scaled_matmul",
     "BlockwiseProblem", "fp8_blockwise_problem", "blockwise_configs",
+    "mx", "mx_gemm", "mx_gemm_p",
 ]

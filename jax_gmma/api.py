@@ -18,6 +18,10 @@ DOT_ACTIVATION_FORMATS = ("fp8_channel", "fp8_tensor")
 #: Block-scaled weight formats: `dot` quantizes the activation to fp8_1x128 and runs the
 #: block-scaled GEMM (jax_gmma.blockwise_gemm).
 DOT_BLOCKWISE_WEIGHT_FORMATS = ("fp8_128x128", "fp8_1x128")
+#: MX / NVFP4 weight formats: `dot` quantizes the activation to the matching format (or to
+#: x_format="mxfp8" for MX weights, e.g. MXFP8 activations x MXFP4 weights) with the swizzled
+#: scale layout and runs jax_gmma.mx.mx_gemm (Blackwell kernels; reference elsewhere).
+DOT_MX_WEIGHT_FORMATS = ("mxfp8", "mxfp6_e2m3", "mxfp6_e3m2", "mxfp4", "nvfp4")
 
 
 def dot(x, w: QuantizedArray, *, bias=None, out_dtype=None, x_format: str = "fp8_channel",
@@ -38,9 +42,12 @@ def dot(x, w: QuantizedArray, *, bias=None, out_dtype=None, x_format: str = "fp8
                     "jax_gmma.quantize(w, 'fp8_channel')")
   if w.format.name in DOT_BLOCKWISE_WEIGHT_FORMATS:
     return _dot_blockwise(x, w, bias=bias, out_dtype=out_dtype, config=config, splits=splits)
+  if w.format.name in DOT_MX_WEIGHT_FORMATS:
+    return _dot_mx(x, w, bias=bias, out_dtype=out_dtype, x_format=x_format, config=config)
   if w.format.name not in DOT_WEIGHT_FORMATS:
     raise ValueError(f"w: format {w.format.name!r} has no GEMM kernel in this version; "
-                     f"supported weight formats: {', '.join(DOT_WEIGHT_FORMATS + DOT_BLOCKWISE_WEIGHT_FORMATS)}")
+                     f"supported weight formats: "
+                     f"{', '.join(DOT_WEIGHT_FORMATS + DOT_BLOCKWISE_WEIGHT_FORMATS + DOT_MX_WEIGHT_FORMATS)}")
   if w.data.ndim != 2:
     raise ValueError(f"w must be a 2-D (N, K) weight, got data shape {w.data.shape}")
   if isinstance(x, QuantizedArray):
@@ -81,3 +88,27 @@ def _dot_blockwise(x, w: QuantizedArray, *, bias, out_dtype, config, splits):
   out_dtype = default_out if out_dtype is None else out_dtype
   return blockwise_gemm(xq.data, w.data, xq.scales, w.scales, bias=bias, out_dtype=out_dtype,
                         config=config, splits=splits)
+
+
+def _dot_mx(x, w: QuantizedArray, *, bias, out_dtype, x_format, config):
+  """``dot`` for MX / NVFP4 weights: a float x (..., K) is flattened to (M, K) and quantized to
+  w's format (``x_format="fp8_channel"``, the default, means "match w"; "mxfp8" gives MXFP8
+  activations for any MX weight) with scales in the swizzled layout, then
+  :func:`jax_gmma.mx.mx_gemm`."""
+  from . import mx  # noqa: PLC0415 (keeps the import graph flat)
+  if isinstance(x, QuantizedArray):
+    return mx.mx_gemm(x, w, bias=bias, out_dtype=shapes.BF16 if out_dtype is None else out_dtype,
+                      config=config)
+  x = jnp.asarray(x)
+  fmt = w.format.name if x_format == "fp8_channel" else x_format
+  if fmt not in DOT_MX_WEIGHT_FORMATS:
+    raise ValueError(f"x_format must be one of {DOT_MX_WEIGHT_FORMATS} for a {w.format.name} weight, "
+                     f"got {x_format!r}")
+  if x.ndim < 1 or x.shape[-1] != w.k:
+    raise ValueError(f"contraction mismatch: x has shape {x.shape}, w has K={w.k}")
+  default_out = np.dtype(x.dtype) if np.dtype(x.dtype) in shapes.OUT_DTYPES else shapes.BF16
+  lead = x.shape[:-1]
+  xq = quantize(x.reshape(-1, x.shape[-1]), fmt, layout=mx.SCALE_LAYOUT)
+  out = mx.mx_gemm(xq, w, bias=bias, out_dtype=default_out if out_dtype is None else out_dtype,
+                   config=config)
+  return out.reshape(*lead, out.shape[-1])

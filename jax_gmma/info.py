@@ -16,8 +16,13 @@ def info_text() -> str:
   if e is None:
     lines.append(f"extension: NOT built ({_backend.ext_import_error()})")
   else:
+    by_arch = {}
+    for k in e.kernels():
+      by_arch[k.get("arch", 90)] = by_arch.get(k.get("arch", 90), 0) + 1
+    per_arch = ", ".join(f"sm_{a}: {c}" for a, c in sorted(by_arch.items()))
     lines.append(f"extension: built, CUDA kernels {'yes' if e.cuda_built() else 'no'}, "
-                 f"archs: {e.built_archs() or 'none'}, {len(e.kernels())} kernels")
+                 f"archs: {e.built_archs() or 'none'}, {len(e.kernels())} kernels"
+                 + (f" ({per_arch})" if per_arch else ""))
   devs = _backend.cuda_devices()
   if devs:
     for d in devs:
@@ -34,6 +39,11 @@ def info_text() -> str:
     path = f"ERROR at trace time unless the reference is allowed: {err}"
   lines.append("formats / paths:")
   lines.append(f"  fp8 per-tensor / per-channel (fp8_gemm, dot): {path}")
+  # Blackwell block-scaled MX / NVFP4 GEMMs (mx_gemm, dot on MX/NVFP4 weights), per format pair.
+  from . import mx  # noqa: PLC0415
+  cc = _backend.device_cc(devs[0]) if devs else None
+  for (fa, fb), p in mx.paths_for_device(cc).items():
+    lines.append(f"  {fa} x {fb} (mx_gemm): {p}")
   if e is not None and e.kernels():
     lines.append("kernels built:")
     seen = {}

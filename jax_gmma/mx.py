@@ -1,0 +1,461 @@
+"""Blackwell block-scaled GEMMs on MX / NVFP4 operands: ``mx_gemm(a_q, b_q)``.
+
+    out[m, n] = alpha * sum_kb sa[m, kb] * sb[n, kb] * sum_{k in block kb} a[m, k] * b[n, k]  (+ bias[n])
+
+with ``a_q`` (M, K) and ``b_q`` (N, K) :class:`~jax_gmma.QuantizedArray` s in the MX formats
+(mxfp8, mxfp6_e2m3, mxfp6_e3m2, mxfp4: E8M0 scale per 32 of K) or NVFP4 (E4M3 scale per 16
+of K and ``alpha = a_global * b_global``, the float32 per-tensor scales, applied in the
+epilogue). Both operands carry their scales in the swizzled 128x4-atom layout
+(``quantize(x, fmt, layout="sm100_128x4")``, done once; see :mod:`jax_gmma.layouts`).
+
+Paths (chosen at trace time, per the first CUDA device):
+
+* compute capability 10.0 (B200 / GB200) -> the sm_100a CUTLASS kernels (tcgen05, 1-SM or 2-SM);
+* compute capability 12.0 (RTX 50 / RTX PRO) -> the sm_120a CUTLASS kernels;
+* any other GPU (Hopper 9.0 included: it has no block-scaled MX/NV tensor-core instructions),
+  a build without that arch, or a format pair without a kernel: :class:`KernelUnavailable`
+  naming the formats and the arch, unless the reference path is allowed
+  (:func:`jax_gmma.allow_reference`);
+* CPU / TPU: the pure-JAX reference (unpack, unswizzle, dequantize, float32 dot, scale, cast).
+
+NOT RUN ON HARDWARE: this project has no Blackwell GPU. The kernels are compiled, registered
+and checked on the host and in their SASS; the reference path is what the tests run.
+
+The primitive ``mx_gemm_p`` takes the kernel's operand form: fp8 elements as-is, FP6 / FP4
+elements packed into bytes (:func:`jax_gmma.quantize.pack_fp6` / :func:`pack_fp4`), scale
+factors as their raw bytes in the swizzled layout. Its default lowering (every platform) is
+the reference computed from that form, so the CPU tests check the packing and the layout too.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+from jax import lax
+from jax.core import ShapedArray
+from jax.interpreters import mlir
+
+try:  # jax >= 0.4.36
+  from jax.extend.core import Primitive
+except ImportError:  # pragma: no cover
+  from jax.core import Primitive
+from jax._src import dispatch
+
+from . import _backend, formats as _formats, layouts as _layouts
+import importlib
+
+from .quantize import QuantizedArray
+
+_q = importlib.import_module(__package__ + ".quantize")  # the module (the package attribute is the function)
+
+MX_GEMM_TARGET = _backend.MX_GEMM_TARGET
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+F16 = np.dtype(np.float16)
+F32 = np.dtype(np.float32)
+E4M3 = _formats.E4M3
+#: Output dtypes: bfloat16 and float32 kernels; float16 = the float32 kernel + one rounding.
+OUT_DTYPES = (BF16, F16, F32)
+#: Operand formats of the Blackwell block-scaled GEMMs.
+MX_FORMATS = ("mxfp8", "mxfp6_e2m3", "mxfp6_e3m2", "mxfp4", "nvfp4")
+#: Scale layout both operands must use (the layout the kernels read, produced once by quantize).
+SCALE_LAYOUT = _layouts.SM100_128X4
+
+# Compute capability -> the arch whose kernels run there. Arch-specific ("a") cubins run only on
+# exactly that compute capability: sm_100a on 10.0, sm_120a on 12.0 (10.3 / B300 would need
+# sm_103a, 12.1 / GB10 sm_121a: not built).
+ARCH_FOR_CC = {"9.0": "sm_90a", "10.0": "sm_100a", "12.0": "sm_120a"}
+
+# Kernels per arch and (A format, B format): config names (cpp/sm100_mx_gemm_blockscaled.cuh,
+# cpp/sm120_mx_gemm_blockscaled.cuh). mxfp8 kernels take float8_e4m3fn elements only.
+KERNELS = {
+    "sm_100a": {
+        ("mxfp8", "mxfp8"): ("sm100_mxfp8xmxfp8_128x128x128_1sm", "sm100_mxfp8xmxfp8_256x128x128_2sm"),
+        ("mxfp6_e2m3", "mxfp6_e2m3"): ("sm100_mxfp6_e2m3xmxfp6_e2m3_128x128x128_1sm",
+                                       "sm100_mxfp6_e2m3xmxfp6_e2m3_256x128x128_2sm"),
+        ("mxfp6_e3m2", "mxfp6_e3m2"): ("sm100_mxfp6_e3m2xmxfp6_e3m2_128x128x128_1sm",),
+        ("mxfp8", "mxfp4"): ("sm100_mxfp8xmxfp4_128x128x128_1sm", "sm100_mxfp8xmxfp4_256x128x128_2sm"),
+        ("mxfp4", "mxfp4"): ("sm100_mxfp4xmxfp4_128x128x256_1sm", "sm100_mxfp4xmxfp4_256x128x256_2sm"),
+        ("nvfp4", "nvfp4"): ("sm100_nvfp4xnvfp4_128x128x256_1sm", "sm100_nvfp4xnvfp4_256x128x256_2sm"),
+    },
+    "sm_120a": {
+        ("mxfp8", "mxfp8"): ("sm120_mxfp8xmxfp8_128x128x128_coop",),
+        ("mxfp6_e2m3", "mxfp6_e2m3"): ("sm120_mxfp6_e2m3xmxfp6_e2m3_128x128x128_coop",),
+        ("mxfp8", "mxfp4"): ("sm120_mxfp8xmxfp4_128x128x128_coop",),
+        ("mxfp4", "mxfp4"): ("sm120_mxfp4xmxfp4_128x128x128_coop",),
+        ("nvfp4", "nvfp4"): ("sm120_nvfp4xnvfp4_128x128x128_coop",),
+    },
+}
+
+mx_gemm_p = Primitive("jax_gmma_mx_gemm")
+mx_gemm_p.def_impl(functools.partial(dispatch.apply_primitive, mx_gemm_p))
+
+
+# -- shape rules ---------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class MxProblem:
+  """out (M, N) = alpha * (a (M, K) x b (N, K)^T with block scales) (+ bias)."""
+  m: int
+  n: int
+  k: int                 # stored (block-padded) K: the kernels contract over it
+  batch_shape: tuple     # leading dims of a (folded into m)
+  a_format: str
+  b_format: str
+  a_dtype: np.dtype      # logical element dtypes
+  b_dtype: np.dtype
+  out_dtype: np.dtype
+  has_bias: bool
+
+  @property
+  def pair(self):
+    return (self.a_format, self.b_format)
+
+  @property
+  def sf_vec(self) -> int:
+    return 16 if self.a_format == "nvfp4" else 32
+
+  @property
+  def has_global(self) -> bool:
+    return self.a_format == "nvfp4"
+
+  def __str__(self) -> str:
+    m = f"M={self.m}" + (f" (batch {self.batch_shape})" if self.batch_shape else "")
+    return (f"MxProblem({m} N={self.n} K={self.k} {self.a_format}[{self.a_dtype.name}] x "
+            f"{self.b_format}[{self.b_dtype.name}] -> {self.out_dtype.name}, "
+            f"bias={'yes' if self.has_bias else 'no'})")
+
+
+def k_alignment(a_format: str, b_format: str) -> int:
+  """K (stored) must be a multiple of this for the pair: the scale block, 16 bytes of each
+  operand, and, for FP4/FP6 elements inside the f8f6f4 MMA kind (MXFP6, or FP4 mixed with
+  FP8), 128 elements (CUTLASS's TMA requirement for those unpacked-in-smem layouts)."""
+  fmts = {a_format, b_format}
+  if fmts & {"mxfp6_e2m3", "mxfp6_e3m2"} or fmts == {"mxfp8", "mxfp4"}:
+    return 128
+  return 32
+
+
+def _out_align(out_dtype) -> int:
+  # 16-byte output rows (float16 runs on the float32 kernel).
+  return 8 if np.dtype(out_dtype) == BF16 else 4
+
+
+def mx_problem(a_q, b_q, *, out_dtype=BF16, bias_shape=None, bias_dtype=None) -> MxProblem:
+  """Checks two QuantizedArrays for mx_gemm; every violation raises TypeError/ValueError
+  naming the argument and the rule (device independent: the same on CPU and GPU)."""
+  who = "mx_gemm"
+  for name, q in (("a_q", a_q), ("b_q", b_q)):
+    if not isinstance(q, QuantizedArray):
+      raise TypeError(f"{who}: {name} must be a jax_gmma.QuantizedArray, got {type(q).__name__}")
+    if q.format.name not in MX_FORMATS:
+      raise ValueError(f"{who}: {name} has format {q.format.name!r}; block-scaled MX/NV GEMMs take "
+                       f"{', '.join(MX_FORMATS)}")
+    if q.layout != SCALE_LAYOUT:
+      raise ValueError(f"{who}: {name} scales are in layout {q.layout!r}; the kernels read the "
+                       f"swizzled {SCALE_LAYOUT!r} layout: quantize(x, {q.format.name!r}, "
+                       f"layout={SCALE_LAYOUT!r}) once (or jax_gmma.layouts.to_layout(q, "
+                       f"{SCALE_LAYOUT!r}))")
+  fa, fb = a_q.format.name, b_q.format.name
+  if (fa == "nvfp4") != (fb == "nvfp4"):
+    raise ValueError(f"{who}: a_q ({fa}) and b_q ({fb}) must share the scale block: nvfp4 (E4M3 per "
+                     "16) pairs only with nvfp4, the MX formats (E8M0 per 32) with each other")
+  if len(b_q.canonical_shape) != 2:
+    raise ValueError(f"{who}: b_q must be a 2-D (N, K) operand, got shape {b_q.shape}")
+  n, kb_logical = b_q.canonical_shape
+  *batch, m_rows, k_logical = a_q.canonical_shape
+  batch = tuple(batch)
+  if k_logical != kb_logical:
+    raise ValueError(f"{who}: contraction mismatch: a_q has K={k_logical}, b_q has K={kb_logical}")
+  if batch and m_rows % 128:
+    raise ValueError(f"{who}: a_q with leading dims {batch} needs rows (M per batch entry = {m_rows}) "
+                     "to be a multiple of 128 (its swizzled scales are per batch entry); reshape x to "
+                     "(M, K) before quantizing")
+  k = a_q.padded_k
+  align = k_alignment(fa, fb)
+  if k % align:
+    raise ValueError(f"{who}: K={k} (block-padded) must be a multiple of {align} for {fa} x {fb} "
+                     "(16-byte rows; FP4/FP6 mixed with FP8 or MXFP6: 128 elements)")
+  out_dtype = np.dtype(jnp.dtype(out_dtype))
+  if out_dtype not in OUT_DTYPES:
+    raise TypeError(f"{who}: out_dtype must be bfloat16, float16 or float32, got {out_dtype.name}")
+  if n % _out_align(out_dtype):
+    raise ValueError(f"{who}: N={n} must be a multiple of {_out_align(out_dtype)} for {out_dtype.name} "
+                     "output (16-byte output rows)")
+  if bias_shape is not None:
+    if tuple(bias_shape) != (n,):
+      raise ValueError(f"{who}: bias must have shape (N,) = ({n},), got {tuple(bias_shape)}")
+    if bias_dtype is not None and not jnp.issubdtype(np.dtype(bias_dtype), jnp.floating):
+      raise TypeError(f"{who}: bias must be floating point, got {np.dtype(bias_dtype).name}")
+  m = int(np.prod(batch, dtype=np.int64)) * m_rows if batch else m_rows
+  return MxProblem(m=int(m), n=int(n), k=int(k), batch_shape=batch, a_format=fa, b_format=fb,
+                   a_dtype=a_q.dtype, b_dtype=b_q.dtype, out_dtype=out_dtype,
+                   has_bias=bias_shape is not None)
+
+
+# -- kernel operand form ---------------------------------------------------------------------------
+
+def element_bits(dtype) -> int:
+  return {np.dtype(ml_dtypes.float4_e2m1fn): 4, _formats.E2M3: 6, _formats.E3M2: 6}.get(np.dtype(dtype), 8)
+
+
+def pack_data(q: QuantizedArray, rows: int) -> jax.Array:
+  """The kernel's element operand (rows, K * bits / 8): fp8 as-is, FP6 / FP4 packed to uint8."""
+  data = q.data.reshape(rows, q.data.shape[-1])
+  bits = element_bits(q.dtype)
+  if bits == 4:
+    return _q.pack_fp4(data)
+  if bits == 6:
+    return _q.pack_fp6(data, q.dtype)
+  return data
+
+
+def sf_bytes(q: QuantizedArray) -> jax.Array:
+  """The swizzled scale factors as flat raw bytes (uint8), what the kernels read."""
+  s = q.scales
+  return lax.bitcast_convert_type(s, jnp.uint8).reshape(-1)
+
+
+def _unpack(x, dtype, k):
+  """Kernel element operand -> float32 (rows, k)."""
+  bits = element_bits(dtype)
+  if bits == 8:
+    return x.astype(jnp.float32)
+  p = x.astype(jnp.uint32)
+  if bits == 4:
+    codes = jnp.stack([p & 0xF, p >> 4], axis=-1).reshape(x.shape[0], k)
+  else:
+    p = p.reshape(x.shape[0], -1, 3)
+    w = p[..., 0] | (p[..., 1] << 8) | (p[..., 2] << 16)
+    codes = jnp.stack([(w >> s) & 0x3F for s in (0, 6, 12, 18)], axis=-1).reshape(x.shape[0], k)
+  return _q._decode(codes, np.dtype(dtype), bits)
+
+
+def _sf_values(sf, rows, k, vec, scale_dtype):
+  """Swizzled scale bytes -> float32 per element (rows, k)."""
+  kb = k // vec
+  shape = _layouts.swizzled_shape((rows, kb))
+  raw = lax.bitcast_convert_type(sf.reshape(shape), scale_dtype)
+  plain = _layouts.unswizzle_scales(raw, rows, kb)
+  return jnp.repeat(plain.astype(jnp.float32), vec, axis=-1)
+
+
+# -- reference ---------------------------------------------------------------------------------
+
+def _reference_lowering(a, b, a_sf, b_sf, a_global, b_global, bias, *, m, n, k, a_dtype, b_dtype,
+                        sf_vec, out_dtype, has_bias, has_global, **_):
+  scale_dtype = E4M3 if sf_vec == 16 else _formats.E8M0
+  af = _unpack(a, a_dtype, k) * _sf_values(a_sf, m, k, sf_vec, scale_dtype)
+  bf = _unpack(b, b_dtype, k) * _sf_values(b_sf, n, k, sf_vec, scale_dtype)
+  out = lax.dot_general(af, bf, (((1,), (1,)), ((), ())), precision=lax.Precision.HIGHEST,
+                        preferred_element_type=jnp.float32)
+  if has_global:
+    out = (a_global.reshape(()) * b_global.reshape(())) * out
+  if has_bias:
+    out = out + bias.astype(jnp.float32).reshape(1, -1)
+  return out.astype(out_dtype)
+
+
+def _abstract_eval(a, b, a_sf, b_sf, a_global, b_global, bias, *, m, n, out_dtype, **_):
+  return ShapedArray((m, n), out_dtype)
+
+
+mx_gemm_p.def_abstract_eval(_abstract_eval)
+mlir.register_lowering(mx_gemm_p, mlir.lower_fun(_reference_lowering, multiple_results=False))
+
+
+# -- dispatch ----------------------------------------------------------------------------------
+
+def arch_for_cc(cc: str) -> Optional[str]:
+  return ARCH_FOR_CC.get(str(cc))
+
+
+def kernel_configs(arch: str, problem: MxProblem) -> tuple:
+  """Kernel config names for the problem's format pair on ``arch`` (empty when none)."""
+  names = KERNELS.get(arch, {}).get(problem.pair, ())
+  # mxfp8 kernels are e4m3 x e4m3 (e5m2 elements: reference only).
+  for fmt, dt in ((problem.a_format, problem.a_dtype), (problem.b_format, problem.b_dtype)):
+    if fmt == "mxfp8" and np.dtype(dt) != E4M3:
+      return ()
+  return names
+
+
+def select_config(arch: str, problem: MxProblem, sm_count: int, config: Optional[str] = None) -> str:
+  """sm100: the 2-SM (256-row MMA over an SM pair) config when M > 128 and its tiles fill the
+  SM pairs at least once, else 1-SM; sm120: its only config. ``config`` forces one."""
+  names = kernel_configs(arch, problem)
+  if config is not None:
+    if config not in names:
+      raise ValueError(f"mx_gemm: config {config!r} is not a {arch} kernel for {problem.a_format} x "
+                       f"{problem.b_format}; choices: {', '.join(names) or 'none'}")
+    return config
+  if len(names) == 1:
+    return names[0]
+  one, two = names[0], names[1]
+  tiles_2sm = -(-problem.m // 256) * -(-problem.n // 128)
+  return two if problem.m > 128 and tiles_2sm >= max(1, sm_count // 2) else one
+
+
+def unavailable_reason(problem: MxProblem, cc: Optional[str], device_kind: str = "") -> Optional[tuple]:
+  """(arch or None, reason) when no kernel can run ``problem`` on a GPU of compute capability
+  ``cc``; None when one can. Pure (monkeypatch _backend to fake the build)."""
+  pair = f"{problem.a_format} x {problem.b_format}"
+  dev = f"compute capability {cc}" + (f" ({device_kind})" if device_kind else "")
+  if not _backend.kernels_built():
+    err = _backend.ext_import_error()
+    return None, ("jax_gmma was installed without CUDA kernels" + (f" ({err})" if err else "") +
+                  "; reinstall with nvcc on PATH")
+  arch = arch_for_cc(cc)
+  if arch is None:
+    return None, (f"no {pair} kernel for {dev}: block-scaled MX/NVFP4 kernels exist for sm_100a "
+                  "(compute capability 10.0) and sm_120a (12.0) only")
+  if arch == "sm_90a":
+    return arch, (f"no {pair} kernel for sm_90a ({dev}): Hopper has no MX/NVFP4 block-scaled "
+                  "tensor-core instructions (its block-scaled kernels are the FP8 1x128/128x128 "
+                  "family, jax_gmma.blockwise_gemm)")
+  if arch not in _backend.built_archs():
+    return arch, (f"this build of jax_gmma has no {arch} kernels (built archs: "
+                  f"{', '.join(_backend.built_archs()) or 'none'}); rebuild with "
+                  f"JAX_GMMA_CUDA_ARCHS=\"90a;100a;120a\"")
+  if not kernel_configs(arch, problem):
+    have = ", ".join(f"{a} x {b}" for a, b in KERNELS[arch])
+    return arch, (f"no {arch} kernel for {pair} with elements {problem.a_dtype.name} x "
+                  f"{problem.b_dtype.name} (kernels: {have}; mxfp8 kernels take float8_e4m3fn)")
+  return None
+
+
+def _refuse(problem: MxProblem, arch, why: str):
+  where = arch or "this GPU"
+  raise _backend.KernelUnavailable(
+      f"jax_gmma.mx_gemm: format {problem.a_format} x {problem.b_format} on {where}: {why}. Refusing "
+      "to fall back silently to the slower pure-JAX reference; set JAX_GMMA_ALLOW_REFERENCE=1, call "
+      "jax_gmma.set_allow_reference(True), or trace inside `with jax_gmma.allow_reference():` to run "
+      "it anyway.")
+
+
+def plan(problem: MxProblem, arch: str, sm_count: int, config: Optional[str] = None):
+  """(config name, workspace bytes); ValueError when CUTLASS's can_implement rejects the
+  problem. Host only: needs the built extension, not a GPU."""
+  name = select_config(arch, problem, sm_count, config)
+  kernel_out = F32 if problem.out_dtype == F16 else problem.out_dtype
+  err, ws = _backend.ext().check_blockscaled(name, problem.a_dtype.name, problem.b_dtype.name,
+                                             kernel_out.name, problem.m, problem.n, problem.k,
+                                             problem.sf_vec, sm_count, problem.has_bias,
+                                             problem.has_global)
+  if err:
+    raise ValueError(f"jax_gmma: kernel {name} cannot run {problem}: {err}")
+  return name, ws
+
+
+def _cuda_lowering(ctx, *args, problem, config, **params):
+  devs = _backend.cuda_devices()
+  dev = devs[0] if devs else None
+  why = unavailable_reason(problem, _backend.device_cc(dev) if dev is not None else None,
+                           getattr(dev, "device_kind", "")) if dev is not None else (None, "no CUDA device")
+  if why is not None:
+    if not _backend.reference_allowed():
+      _refuse(problem, *why)
+    return mlir.lower_fun(_reference_lowering, multiple_results=False)(ctx, *args, **params)
+  arch = arch_for_cc(_backend.device_cc(dev))
+  _backend.register_targets()
+  _backend.prepare_devices()
+  sm_count = int(dev.core_count)
+  name, ws = plan(problem, arch, sm_count, config)
+  ws_aval = ShapedArray((max(int(ws), 16),), np.dtype(np.uint8))
+  rule = jax.ffi.ffi_lowering(MX_GEMM_TARGET)
+  sub = ctx.replace(avals_out=[ctx.avals_out[0], ws_aval])
+  results = rule(sub, *args, config=name, a_dtype=np.dtype(params["a_dtype"]).name,
+                 b_dtype=np.dtype(params["b_dtype"]).name, k=np.int64(params["k"]),
+                 sf_vec=np.int32(params["sf_vec"]), sm_count=np.int32(sm_count),
+                 has_bias=bool(params["has_bias"]), has_global=bool(params["has_global"]))
+  return [results[0]]
+
+
+mlir.register_lowering(mx_gemm_p, _cuda_lowering, platform="cuda")
+
+
+# -- public API --------------------------------------------------------------------------------
+
+def mx_gemm(a_q: QuantizedArray, b_q: QuantizedArray, *, bias=None, out_dtype=jnp.bfloat16,
+            config: Optional[str] = None):
+  """Block-scaled GEMM of two quantized operands: ``dequantize(a_q) @ dequantize(b_q).T``
+  (+ bias), computed from the quantized elements and scales (float32 accumulation).
+
+  Args:
+    a_q: (..., M, K) QuantizedArray (activations) in an MX format or nvfp4, scales in the
+      ``"sm100_128x4"`` layout. Leading dims fold into M (then M per batch entry must be a
+      multiple of 128).
+    b_q: (N, K) QuantizedArray (weights), same scale block as a_q (nvfp4 with nvfp4, MX with MX).
+    bias: optional (N,), added in float32 before the output rounding (cast to out_dtype first).
+    out_dtype: bfloat16, float32, or float16 (the float32 kernel, then one rounding).
+    config: force a kernel config (see ``KERNELS``).
+
+  Kernels: sm_100a (compute capability 10.0) and sm_120a (12.0), for the pairs in ``KERNELS``;
+  elsewhere the pure-JAX reference (on a CUDA GPU only when allowed, see
+  ``jax_gmma.allow_reference``). The Blackwell kernels have not been run on hardware.
+  """
+  bias_arr = None if bias is None else jnp.asarray(bias)
+  problem = mx_problem(a_q, b_q, out_dtype=out_dtype,
+                       bias_shape=None if bias_arr is None else bias_arr.shape,
+                       bias_dtype=None if bias_arr is None else bias_arr.dtype)
+  out_dtype = problem.out_dtype
+  kernel_out = F32 if out_dtype == F16 else out_dtype
+  a = pack_data(a_q, problem.m)
+  b = pack_data(b_q, problem.n)
+  if problem.has_global:
+    ga = jnp.asarray(a_q.global_scale, jnp.float32).reshape(1)
+    gb = jnp.asarray(b_q.global_scale, jnp.float32).reshape(1)
+  else:
+    ga = gb = jnp.ones((1,), jnp.float32)  # placeholders, ignored (has_global=False)
+  if bias_arr is not None:
+    bias_in = bias_arr.astype(out_dtype).astype(kernel_out)
+  else:
+    bias_in = jnp.zeros((1,), kernel_out)  # placeholder, ignored (has_bias=False)
+  out = mx_gemm_p.bind(a, b, sf_bytes(a_q), sf_bytes(b_q), ga, gb, bias_in, m=problem.m, n=problem.n,
+                       k=problem.k, a_dtype=problem.a_dtype, b_dtype=problem.b_dtype,
+                       sf_vec=problem.sf_vec, out_dtype=kernel_out, has_bias=problem.has_bias,
+                       has_global=problem.has_global, problem=problem, config=config)
+  if kernel_out != out_dtype:
+    out = out.astype(out_dtype)
+  return out.reshape(*problem.batch_shape, -1, problem.n) if problem.batch_shape else out
+
+
+def reference_float64(a_q: QuantizedArray, b_q: QuantizedArray, bias=None) -> np.ndarray:
+  """float64 NumPy product of the dequantized operands (for tests)."""
+  a = np.asarray(_q.dequantize(a_q), np.float64)
+  b = np.asarray(_q.dequantize(b_q), np.float64)
+  a = a.reshape(-1, a.shape[-1])
+  out = a @ b.T
+  if bias is not None:
+    out = out + np.asarray(bias, np.float64)
+  return out
+
+
+def paths_for_device(cc: Optional[str]) -> dict:
+  """{(A format, B format): path description} on a device of compute capability ``cc``
+  (None: no CUDA device), for `python -m jax_gmma info`."""
+  out = {}
+  pairs = sorted({p for arch in KERNELS.values() for p in arch})
+  for fa, fb in pairs:
+    dt = lambda f: np.dtype(_formats.get_format(f).dtype)  # noqa: E731
+    prob = MxProblem(m=1, n=8, k=128, batch_shape=(), a_format=fa, b_format=fb, a_dtype=dt(fa),
+                     b_dtype=dt(fb), out_dtype=BF16, has_bias=False)
+    archs = [a for a in KERNELS if (fa, fb) in KERNELS[a]]
+    built = _backend.built_archs()
+    kinds = "kernels for " + ", ".join(f"{a} ({'built' if a in built else 'not built'})" for a in archs)
+    if cc is None:
+      out[(fa, fb)] = f"pure-JAX reference (no CUDA GPU); {kinds}"
+      continue
+    why = unavailable_reason(prob, cc)
+    if why is None:
+      out[(fa, fb)] = f"CUDA kernel ({arch_for_cc(cc)}, NOT validated on hardware); {kinds}"
+    elif _backend.reference_allowed():
+      out[(fa, fb)] = f"pure-JAX reference (opted in; {why[1]})"
+    else:
+      out[(fa, fb)] = f"ERROR at trace time unless the reference is allowed: {why[1]}"
+  return out
