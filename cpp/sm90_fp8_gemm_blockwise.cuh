@@ -39,6 +39,7 @@
 #include <cutlass/util/packed_stride.hpp>
 
 #include "jax_gmma/gemm_api.h"
+#include "params_cache.cuh"
 
 namespace jax_gmma::sm90_blockwise {
 
@@ -243,13 +244,6 @@ struct Sm90Fp8BlockwiseGemm {
 
   // Kernel Params cached per thread, keyed by the whole argument set (as Sm90Fp8Gemm does):
   // in steady state a call only enqueues the workspace memset (split-K) and the launch.
-  struct ParamsCache {
-    static constexpr int kSlots = 64;
-    GemmArgs key[kSlots];
-    typename GemmKernel::Params params[kSlots];
-    bool valid[kSlots] = {};
-    bool needs_workspace_init[kSlots] = {};
-  };
 
   static bool same(const GemmArgs& x, const GemmArgs& y) {
     return x.m == y.m && x.n == y.n && x.k == y.k && x.a == y.a && x.b == y.b &&
@@ -260,33 +254,20 @@ struct Sm90Fp8BlockwiseGemm {
            x.sm_count == y.sm_count && x.device == y.device;
   }
 
-  static int slot_of(const GemmArgs& g) {
-    auto p = [](const void* q) { return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(q) >> 8); };
-    uint64_t h = p(g.a) * 0x9E3779B97F4A7C15ull ^ p(g.b) * 0xC2B2AE3D27D4EB4Full ^
-                 p(g.d) * 0x165667B19E3779F9ull ^ static_cast<uint64_t>(g.m * 131 + g.n * 7 + g.k);
-    h ^= h >> 29;
-    return static_cast<int>(h % ParamsCache::kSlots);
-  }
-
   static cudaError_t run(const GemmArgs& g, cudaStream_t stream) {
     if (!g.a_block_scale || !g.b_block_scale) return cudaErrorInvalidValue;
-    thread_local std::unique_ptr<ParamsCache> cache;
-    if (!cache) cache.reset(new ParamsCache());
-    const int slot = slot_of(g);
-    if (!cache->valid[slot] || !same(cache->key[slot], g)) {
+    auto& e = thread_params_cache<GemmKernel>().lookup(g, &same, [&](auto& entry) {
       auto args = make_arguments(g);
-      cache->params[slot] = GemmKernel::to_underlying_arguments(args, g.workspace);
-      cache->key[slot] = g;
-      cache->needs_workspace_init[slot] = GemmKernel::get_workspace_size(args) > 0;
-      cache->valid[slot] = true;
-    }
-    if (cache->needs_workspace_init[slot]) {
+      entry.params = GemmKernel::to_underlying_arguments(args, g.workspace);
+      entry.needs_workspace_init = GemmKernel::get_workspace_size(args) > 0;
+    });
+    if (e.needs_workspace_init) {
       // Stream-K/split-K: zero the reduction flags (a memset node under capture).
       if (GemmKernel::initialize_workspace(make_arguments(g), g.workspace, stream) !=
           cutlass::Status::kSuccess)
         return cudaErrorUnknown;
     }
-    cutlass::Status st = Gemm::run(cache->params[slot], stream);
+    cutlass::Status st = Gemm::run(e.params, stream);
     if (st != cutlass::Status::kSuccess) return cudaErrorLaunchFailure;
     return cudaPeekAtLastError();
   }

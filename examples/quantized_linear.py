@@ -46,8 +46,11 @@ EMU_ACTIVATION_FORMAT = {"fp8_tensor": "fp8_channel", "fp8_channel": "fp8_channe
 
 
 def gemm_formats() -> Tuple[str, ...]:
-  """Weight formats ``jax_gmma.dot`` runs as a GEMM in the installed jax-gmma."""
-  return tuple(getattr(jax_gmma.api, "DOT_WEIGHT_FORMATS", ("fp8_tensor", "fp8_channel")))
+  """Weight formats ``jax_gmma.dot`` runs as a GEMM in the installed jax-gmma (FP8 per-tensor /
+  per-channel, and the block-scaled fp8_128x128 / fp8_1x128 where the version has them)."""
+  api = jax_gmma.api
+  return (tuple(getattr(api, "DOT_WEIGHT_FORMATS", ("fp8_tensor", "fp8_channel"))) +
+          tuple(getattr(api, "DOT_BLOCKWISE_WEIGHT_FORMATS", ())))
 
 
 class UnknownFormat(ValueError):

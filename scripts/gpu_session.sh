@@ -10,11 +10,13 @@
 #   measure  SASS check, key GPU tests, large + decode + host benchmark suites
 #   decode   SASS check, CUDA-graph test, decode chains (+ DECODE_CONFIGS rows), host cost
 #   sweep    benchmarks/sweep.py: decode + large suites (SWEEP_*_ARGS add options), host cost
-#   steps    tests, sass, sweep_decode, sweep_large, large, decode, host; MODE may list several
+#   steps    tests, sass, sweep_decode, sweep_large, large, decode, host, bw_large, bw_decode,
+#            bw_quant (block-scaled benchmark suites), minilm, llama (examples); MODE may list several
 #            separated by commas (e.g. tests,sweep_decode)
 # Logs and results go to $OUT (at most 8 files come back from the device machine).
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
+ORIG=$REPO  # the carried checkout (.minilm/, .whl/ for the MiniLM example live here)
 OUT=${OUT:-/tmp/jax_gmma_out}
 MODE=${1:-tests}
 mkdir -p "$OUT"
@@ -54,6 +56,17 @@ step() {
     large) bench large ${T_LARGE:-300} ;;
     decode) bench decode ${T_DECODE:-150} --no-plot --decode-configs "${DECODE_CONFIGS:-}" ;;
     host) bench host ${T_HOST:-60} --no-plot ;;
+    minilm)  # examples/minilm.py on the GPU: needs .minilm/ (--export-half) and .whl/ carried
+      python3 -m pip install -q --no-index --no-deps --target /tmp/site "$ORIG"/.whl/*.whl
+      PYTHONPATH=/tmp/site timeout ${T_MINILM:-150} python3 -P examples/minilm.py --model-dir "$ORIG/.minilm" \
+        --formats "${MINILM_FORMATS:-fp8_tensor,fp8_channel,fp8_128x128,emu:mxfp8,emu:nvfp4}" --json "$OUT/minilm.json" ;;
+    llama)
+      timeout ${T_LLAMA:-200} python3 -P examples/llama_decode.py --layers ${LLAMA_LAYERS:-32} \
+        --gen-tokens ${LLAMA_TOKENS:-64} --repeats 2 --no-progress \
+        --formats "${LLAMA_FORMATS:-bf16,xla_fp8,fp8_channel,fp8_128x128}" --json "$OUT/llama.json" ;;
+    bw_large|bw_decode|bw_quant)  # benchmarks/bench_blockwise.py suites
+      mkdir -p "$OUT/$1"
+      timeout ${T_BW:-240} python3 -P benchmarks/bench_blockwise.py --suite "${1#bw_}" --out "$OUT/$1" ;;
     # composite modes
     sweep) step sweep_decode; step sweep_large; step host ;;
     measure) step sass; TESTS="${TESTS:-tests/test_gpu_fp8.py -k 'every_config or command_buffers or batch_dims or nan_inf or dot_on_gpu or no_silent'}" step tests
