@@ -25,6 +25,24 @@ int sm90_fp8_blockwise_1d2d_f32_entries(KernelEntry* out);
 int sm90_fp8_blockwise_1d1d_bf16_entries(KernelEntry* out);
 int sm90_fp8_blockwise_1d1d_f32_entries(KernelEntry* out);
 #endif
+// Blackwell block-scaled MX / NVFP4 families (cpp/sm100_mx_gemm_blockscaled_*.cu,
+// cpp/sm120_mx_gemm_blockscaled_*.cu): one fill function per (format pair, output dtype).
+#define JAX_GMMA_MX_SM100_TUS(X) \
+  X(sm100, mxf8, bf16) X(sm100, mxf8, f32) X(sm100, mxf6e2m3, bf16) X(sm100, mxf6e2m3, f32) \
+  X(sm100, mxf6e3m2, bf16) X(sm100, mxf6e3m2, f32) X(sm100, mxf8mxf4, bf16) X(sm100, mxf8mxf4, f32) \
+  X(sm100, mxf4, bf16) X(sm100, mxf4, f32) X(sm100, nvf4, bf16) X(sm100, nvf4, f32)
+#define JAX_GMMA_MX_SM120_TUS(X) \
+  X(sm120, mxf8, bf16) X(sm120, mxf8, f32) X(sm120, mxf6e2m3, bf16) X(sm120, mxf6e2m3, f32) \
+  X(sm120, mxf8mxf4, bf16) X(sm120, mxf8mxf4, f32) X(sm120, mxf4, bf16) X(sm120, mxf4, f32) \
+  X(sm120, nvf4, bf16) X(sm120, nvf4, f32)
+#define JAX_GMMA_MX_DECLARE(arch, pair, d) int arch##_mx_##pair##_##d##_entries(KernelEntry* out);
+#define JAX_GMMA_MX_FILL(arch, pair, d) &arch##_mx_##pair##_##d##_entries,
+#if defined(JAX_GMMA_HAVE_SM100)
+JAX_GMMA_MX_SM100_TUS(JAX_GMMA_MX_DECLARE)
+#endif
+#if defined(JAX_GMMA_HAVE_SM120)
+JAX_GMMA_MX_SM120_TUS(JAX_GMMA_MX_DECLARE)
+#endif
 
 namespace {
 
@@ -50,6 +68,24 @@ struct Table {
       entries.insert(entries.end(), buf, buf + n);
     }
 #endif
+#if defined(JAX_GMMA_HAVE_SM100) || defined(JAX_GMMA_HAVE_SM120)
+    {
+      using Fill = int (*)(KernelEntry*);
+      const Fill mx_fills[] = {
+#if defined(JAX_GMMA_HAVE_SM100)
+          JAX_GMMA_MX_SM100_TUS(JAX_GMMA_MX_FILL)
+#endif
+#if defined(JAX_GMMA_HAVE_SM120)
+          JAX_GMMA_MX_SM120_TUS(JAX_GMMA_MX_FILL)
+#endif
+      };
+      KernelEntry mx_buf[8];
+      for (Fill fill : mx_fills) {
+        int n = fill(mx_buf);
+        entries.insert(entries.end(), mx_buf, mx_buf + n);
+      }
+    }
+#endif
     prepared.reset(new std::atomic<uint64_t>[entries.size() + 1]);
     for (size_t i = 0; i <= entries.size(); ++i) prepared[i].store(0);
   }
@@ -69,8 +105,36 @@ const char* dtype_name(DType t) {
     case DType::kBF16: return "bfloat16";
     case DType::kF16: return "float16";
     case DType::kF32: return "float32";
+    case DType::kF4E2M1: return "float4_e2m1fn";
+    case DType::kF6E2M3: return "float6_e2m3fn";
+    case DType::kF6E3M2: return "float6_e3m2fn";
   }
   return "?";
+}
+
+bool dtype_from_name(const char* name, DType* out) {
+  for (DType t : {DType::kF8E4M3, DType::kF8E5M2, DType::kBF16, DType::kF16, DType::kF32,
+                  DType::kF4E2M1, DType::kF6E2M3, DType::kF6E3M2}) {
+    if (std::strcmp(name, dtype_name(t)) == 0) {
+      *out = t;
+      return true;
+    }
+  }
+  return false;
+}
+
+int dtype_bits(DType t) {
+  switch (t) {
+    case DType::kF4E2M1: return 4;
+    case DType::kF6E2M3:
+    case DType::kF6E3M2: return 6;
+    case DType::kF8E4M3:
+    case DType::kF8E5M2: return 8;
+    case DType::kBF16:
+    case DType::kF16: return 16;
+    case DType::kF32: return 32;
+  }
+  return 0;
 }
 
 const KernelEntry* kernel_table(int* count) {
@@ -119,11 +183,23 @@ const char* prepare_device(int device) {
 }
 
 const char* built_archs() {
+  // The archs whose kernels were actually compiled into this library.
+  static const std::string archs = [] {
+    std::string s;
+    auto add = [&s](const char* a) { s += (s.empty() ? "" : ","), s += a; };
 #if defined(JAX_GMMA_HAVE_SM90)
-  return "sm_90a";
-#else
-  return "";
+    add("sm_90a");
 #endif
+#if defined(JAX_GMMA_HAVE_SM100)
+    add("sm_100a");
+#endif
+#if defined(JAX_GMMA_HAVE_SM120)
+    add("sm_120a");
+#endif
+    (void)add;
+    return s;
+  }();
+  return archs.c_str();
 }
 
 }  // namespace jax_gmma

@@ -5,6 +5,7 @@
 //   check(...)       -> (error message or None, workspace bytes): CUTLASS can_implement and
 //                       get_workspace_size, host only, at trace time
 //   check_blockwise(...) -> the same for the block-scaled family ("blockwise_*" kernels)
+//   check_blockscaled(...) -> the same for the Blackwell MX / NVFP4 family ("sm100_*"/"sm120_*")
 //   prepare(device)  -> one-time per-device kernel setup, outside any stream capture
 //   built_archs(), cuda_built()
 #include <nanobind/nanobind.h>
@@ -20,6 +21,7 @@
 #include "jax_gmma/gemm_api.h"
 extern "C" void* jax_gmma_fp8_gemm_handler();
 extern "C" void* jax_gmma_fp8_blockwise_gemm_handler();
+extern "C" void* jax_gmma_mx_gemm_handler();
 extern "C" void jax_gmma_capture_stats(uint64_t* captured, uint64_t* eager);
 extern "C" void jax_gmma_host_stats(uint64_t* calls, uint64_t* ns);
 #endif
@@ -36,6 +38,9 @@ jax_gmma::DType parse_dtype(const std::string& s) {
   if (s == "bfloat16") return DType::kBF16;
   if (s == "float16") return DType::kF16;
   if (s == "float32") return DType::kF32;
+  if (s == "float4_e2m1fn") return DType::kF4E2M1;
+  if (s == "float6_e2m3fn") return DType::kF6E2M3;
+  if (s == "float6_e3m2fn") return DType::kF6E3M2;
   throw nb::value_error(("jax_gmma: unsupported dtype " + s).c_str());
 }
 
@@ -64,6 +69,7 @@ NB_MODULE(_gmma_ext, m) {
 #if defined(JAX_GMMA_WITH_CUDA)
     d["jax_gmma_fp8_gemm"] = nb::capsule(jax_gmma_fp8_gemm_handler());
     d["jax_gmma_fp8_blockwise_gemm"] = nb::capsule(jax_gmma_fp8_blockwise_gemm_handler());
+    d["jax_gmma_mx_gemm"] = nb::capsule(jax_gmma_mx_gemm_handler());
 #endif
     return d;
   });
@@ -99,6 +105,7 @@ NB_MODULE(_gmma_ext, m) {
       e["d"] = jax_gmma::dtype_name(t[i].d);
       e["smem_bytes"] = t[i].smem_bytes;
       e["threads"] = t[i].threads;
+      e["arch"] = t[i].arch;
       out.append(e);
     }
 #endif
@@ -166,6 +173,39 @@ NB_MODULE(_gmma_ext, m) {
       },
       nb::arg("config"), nb::arg("a"), nb::arg("b"), nb::arg("d"), nb::arg("m"), nb::arg("n"),
       nb::arg("k"), nb::arg("splits"), nb::arg("sm_count"), nb::arg("has_bias"));
+
+  // Blackwell block-scaled MX / NVFP4 family: can_implement + workspace size, host only (no
+  // GPU needed), at trace time. Scale factors are sized by mx_sf_bytes (gemm_api.h).
+  m.def(
+      "check_blockscaled",
+      [](const std::string& config, const std::string& a, const std::string& b, const std::string& d,
+         int64_t mm, int64_t n, int64_t k, int sf_vec, int sm_count, bool has_bias,
+         bool has_global) -> std::pair<std::optional<std::string>, int64_t> {
+#if defined(JAX_GMMA_WITH_CUDA)
+        if (config.rfind("sm100_", 0) != 0 && config.rfind("sm120_", 0) != 0)
+          return {std::string("not a Blackwell block-scaled kernel: '") + config + "'", 0};
+        if (sf_vec != 16 && sf_vec != 32) return {std::string("sf_vec must be 16 or 32"), 0};
+        const jax_gmma::KernelEntry* e =
+            jax_gmma::find_kernel(config.c_str(), parse_dtype(a), parse_dtype(b), parse_dtype(d));
+        if (!e) return {std::string("no kernel '") + config + "' for " + a + " x " + b + " -> " + d, 0};
+        jax_gmma::GemmArgs g;
+        g.m = mm; g.n = n; g.k = k;
+        g.splits = 1; g.sm_count = sm_count;
+        static float dummy = 1.f;  // never dereferenced on the host
+        g.a_sf = g.b_sf = &dummy;
+        g.a_global_scale = g.b_global_scale = has_global ? &dummy : nullptr;
+        g.bias = has_bias ? &dummy : nullptr;
+        if (const char* msg = e->can_implement(g)) return {std::string(msg), 0};
+        return {std::nullopt, static_cast<int64_t>(e->workspace_size(g))};
+#else
+        (void)config; (void)a; (void)b; (void)d; (void)mm; (void)n; (void)k; (void)sf_vec;
+        (void)sm_count; (void)has_bias; (void)has_global;
+        return {std::string("jax_gmma was built without CUDA kernels"), 0};
+#endif
+      },
+      nb::arg("config"), nb::arg("a"), nb::arg("b"), nb::arg("d"), nb::arg("m"), nb::arg("n"),
+      nb::arg("k"), nb::arg("sf_vec"), nb::arg("sm_count"), nb::arg("has_bias"),
+      nb::arg("has_global"));
 
   m.def("prepare", [](int device) -> std::optional<std::string> {
 #if defined(JAX_GMMA_WITH_CUDA)

@@ -16,9 +16,17 @@ namespace jax_gmma {
 
 // Element types crossing the boundary. Values match nothing external on purpose:
 // the FFI layer maps XLA dtypes to these.
-enum class DType : int32_t { kF8E4M3 = 0, kF8E5M2 = 1, kBF16 = 2, kF16 = 3, kF32 = 4 };
+enum class DType : int32_t {
+  kF8E4M3 = 0, kF8E5M2 = 1, kBF16 = 2, kF16 = 3, kF32 = 4,
+  // Blackwell block-scaled element types (packed: fp4 2 per byte, fp6 4 per 3 bytes).
+  kF4E2M1 = 5, kF6E2M3 = 6, kF6E3M2 = 7,
+};
 
 const char* dtype_name(DType t);
+// Inverse of dtype_name (numpy / ml_dtypes names); false for an unknown name.
+bool dtype_from_name(const char* name, DType* out);
+// Storage bits of one element (4, 6, 8, 16 or 32).
+int dtype_bits(DType t);
 
 struct GemmArgs {
   int64_t m = 0, n = 0, k = 0;
@@ -43,7 +51,22 @@ struct GemmArgs {
   const float* b_block_scale = nullptr;
   int64_t a_block_scale_ld = 0;
   int64_t b_block_scale_ld = 0;
+  // Blackwell block-scaled (MX / NVFP4) family ("sm100_*" / "sm120_*" mx configs) only.
+  // Scale factors (E8M0 or E4M3 bytes) in the swizzled 128x4-atom layout (mx_sf_bytes):
+  // a_sf covers the M rows of A, b_sf the N rows of B. a/b_global_scale: NVFP4's float32
+  // per-tensor scales on the device (alpha = a_global * b_global in the epilogue), or nullptr (1).
+  const void* a_sf = nullptr;
+  const void* b_sf = nullptr;
+  const float* a_global_scale = nullptr;
+  const float* b_global_scale = nullptr;
 };
+
+// Bytes of a swizzled 128x4-atom scale-factor tensor for `rows` rows and K blocks of `vec`
+// (jax_gmma/layouts.py "sm100_128x4"): rows padded to 128, K blocks to 4.
+inline int64_t mx_sf_bytes(int64_t rows, int64_t k, int64_t vec) {
+  const int64_t kb = (k + vec - 1) / vec;
+  return (rows + 127) / 128 * 128 * ((kb + 3) / 4 * 4);
+}
 
 // Leading dimension of a block-scale matrix with `rows` rows (see GemmArgs): 16-byte columns.
 inline int64_t block_scale_ld(int64_t rows) { return (rows + 3) / 4 * 4; }
@@ -63,6 +86,7 @@ struct KernelEntry {
   cudaError_t (*run)(const GemmArgs&, cudaStream_t stream);
   int32_t smem_bytes;
   int32_t threads;
+  int32_t arch = 90;  // the SM arch the kernel was compiled for: 90 (sm_90a), 100 (sm_100a), 120 (sm_120a)
 };
 
 // The table of kernels built into this library (empty when built without sm_90a).
@@ -78,7 +102,7 @@ cudaError_t ensure_prepared(const KernelEntry* entry, int device);
 // success, else a message (valid until the next call on this thread). Call outside capture.
 const char* prepare_device(int device);
 
-// Comma-separated list of CUDA archs compiled in (e.g. "sm_90a").
+// Comma-separated list of CUDA archs compiled in (e.g. "sm_90a" or "sm_90a,sm_100a,sm_120a").
 const char* built_archs();
 
 }  // namespace jax_gmma
