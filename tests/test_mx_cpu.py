@@ -242,7 +242,6 @@ def test_host_can_implement_and_workspace(arch):
       assert err is None and ws >= 0, (cfg, err)
       err, _ = e.check_blockscaled(cfg, k["a"], k["b"], "bfloat16", 256, 512, 1000, vec, 148, False, False)
       assert err is not None, cfg  # K not a multiple of the alignment
-  assert "sm_90a" in e.built_archs() or True
   err, _ = e.check_blockscaled("blockwise_1d2d_128x128x128_c1x1_coop", "float8_e4m3fn", "float8_e4m3fn",
                                "bfloat16", 128, 128, 128, 32, 132, False, False)
   assert "not a Blackwell block-scaled kernel" in err

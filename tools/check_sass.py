@@ -1,7 +1,9 @@
 """Checks that the installed kernel library holds Hopper tensor-core code: every kernel uses
 QGMMA (fp8 wgmma) and TMA loads (UTMALDG), and no kernel spills to local memory in its main
 loop beyond a small bound. Needs cuobjdump (+ nvdisasm): the CUDA toolkit's, or pip's
-nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm. Exits 0 with a note when no library was built."""
+nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm. Exits 0 with a note when no library was built.
+Blackwell block-scaled kernels (sm_100a / sm_120a ELF sections) must instead contain their
+arch's block-scaled MMA instructions (BLACKWELL_MMA) and TMA loads, not a plain-MMA fallback."""
 import glob
 import os
 import re
@@ -25,6 +27,60 @@ def find_tool(name):
   return None
 
 
+# Block-scaled MMA instructions per Blackwell arch, as cuobjdump 13.0 prints them:
+#  sm_100a: tcgen05.mma with block scaling, issued by one thread: UTCQMMA (seen for the
+#           mxf8f6f4 kind) / UTCOMMA etc., whose block-scaled form carries the scale factors as
+#           two more tensor-memory operands after the accumulator:
+#             UTCQMMA gdesc[A], gdesc[B], tmem[D], tmem[SFA], idesc[..], tmem[SFB], ...
+#           (a plain tcgen05.mma has only gdesc, gdesc, tmem[D], idesc);
+#  sm_120a: warp-level block-scaled MMA: QMMA / OMMA with the .SF modifier.
+BLACKWELL_MMA = {
+    "sm_100a": re.compile(r"\b(UTC[A-Z]*MMA(?:\.[0-9A-Z_]+)*)\s+gdesc\[[^\]]*\],\s*gdesc\[[^\]]*\],"
+                          r"\s*tmem\[[^\]]*\],\s*tmem\[[^\]]*\],\s*idesc\[[^\]]*\],\s*tmem\["),
+    "sm_120a": re.compile(r"\b[OQ]MMA\.SF(?:\.[0-9A-Z_]+)*"),
+}
+# What a block-scaled kernel that fell back to plain tensor-core code would contain instead.
+FALLBACK_MMA = re.compile(r"\b(HMMA|HGMMA|QGMMA|IMMA)\b")
+
+
+def split_by_arch(sass):
+  """[(arch, text)] chunks of a cuobjdump --dump-sass listing, one per ELF section."""
+  parts = re.split(r"(?m)^\s*arch = (sm_\w+)\s*$", sass)
+  out = [(None, parts[0])]
+  out += [(parts[i], parts[i + 1]) for i in range(1, len(parts) - 1, 2)]
+  return out
+
+
+def blackwell_kernels(sass):
+  """[(arch, kernel name, set of block-scaled MMA mnemonics, SASS text)] for the sm_100a /
+  sm_120a GEMM kernels of a cuobjdump --dump-sass listing."""
+  found = []
+  for arch, chunk in split_by_arch(sass):
+    if arch not in BLACKWELL_MMA:
+      continue
+    for f in re.split(r"\n\s*Function : ", chunk)[1:]:
+      name = f.split("\n", 1)[0]
+      if "GemmUniversal" in name:
+        found.append((arch, name, set(BLACKWELL_MMA[arch].findall(f)), f))
+  return found
+
+
+def check_blackwell(kernels):
+  """Problems found in the Blackwell kernels (empty list: all good)."""
+  bad = []
+  for arch, name, mmas, text in kernels:
+    short = name[:80]
+    if not mmas:
+      fb = sorted(set(FALLBACK_MMA.findall(text)))
+      bad.append(f"{arch} {short}: no block-scaled MMA" + (f" (fallback: {', '.join(fb)})" if fb else ""))
+    if "UTMALDG" not in text:
+      bad.append(f"{arch} {short}: no TMA load (UTMALDG)")
+    spills = len(re.findall(r"\bSTL\b", text))
+    if spills > 32:
+      bad.append(f"{arch} {short}: {spills} local-memory stores (register spills)")
+  return bad
+
+
 def main():
   # Paths on the command line (a library or object files, e.g. one compiled translation unit)
   # are checked instead of the installed library.
@@ -43,9 +99,21 @@ def main():
   env = dict(os.environ, PATH=os.path.dirname(nvdisasm) + os.pathsep + os.environ.get("PATH", ""))
   sass = "".join(subprocess.run([cuobjdump, "--dump-sass", lib], capture_output=True, text=True, env=env,
                                 check=True).stdout for lib in (libs if sys.argv[1:] else libs[:1]))
+  # Blackwell block-scaled (MX / NVFP4) kernels: checked per arch (cuobjdump prints an
+  # "arch = sm_XX" header before each ELF's functions), apart from the Hopper ones.
+  bw = blackwell_kernels(sass)
+  bw_bad = check_blackwell(bw)
+  sass = "".join(chunk for arch, chunk in split_by_arch(sass) if arch not in BLACKWELL_MMA)
   funcs = re.split(r"\n\s*Function : ", sass)[1:]
   kernels = [f for f in funcs if "GemmUniversal" in f.split("\n", 1)[0]]
-  bad = []
+  bad = list(bw_bad)
+  if bw:
+    counts = ", ".join(f"{a}: {sum(1 for k in bw if k[0] == a)}" for a in sorted({k[0] for k in bw}))
+    print(f"check_sass: {len(bw)} Blackwell block-scaled GEMM kernels ({counts})"
+          + ("" if bw_bad else ", all with block-scaled MMA (" + ", ".join(sorted(
+              {m for k in bw for m in k[2]})) + ") + UTMALDG"))
+    if not kernels and not bw_bad:
+      return 0
   for f in kernels:
     name = f.split("\n", 1)[0][:80]
     if "QGMMA" not in f or "UTMALDG" not in f:
