@@ -8,9 +8,9 @@ Pure Python: tested on CPU. The heuristic is unmeasured (no GPU numbers yet).
 """
 from __future__ import annotations
 
-import math
 from typing import Optional
 
+from . import configs as _tw
 from .configs import KernelConfig
 from .shapes import BlockwiseProblem
 
@@ -59,32 +59,10 @@ def configs_table() -> str:
   return "\n".join(f"{c} [{', '.join(config_variants(c))}]" for c in _ALL)
 
 
-def num_tiles(problem: BlockwiseProblem, cfg: KernelConfig) -> int:
-  km, kn = (problem.n, problem.m) if cfg.swap_ab else (problem.m, problem.n)
-  return math.ceil(km / cfg.tile[0]) * math.ceil(kn / cfg.tile[1])
-
-
-def wave_efficiency(problem: BlockwiseProblem, cfg: KernelConfig, sm_count: int) -> float:
-  tiles = num_tiles(problem, cfg)
-  return tiles / (math.ceil(tiles / sm_count) * sm_count)
-
-
-def choose_splits(problem: BlockwiseProblem, cfg: KernelConfig, sm_count: int, max_splits: int = 16,
-                  min_k_tiles_per_split: int = 4) -> int:
-  """K splits that best fill the SMs (wave efficiency), preferring fewer splits on ties."""
-  if not cfg.stream_k:
-    return 1
-  tiles = num_tiles(problem, cfg)
-  k_tiles = math.ceil(problem.k / cfg.tile[2])
-  best, best_eff = 1, 0.0
-  for s in range(1, max_splits + 1):
-    if s > 1 and k_tiles // s < min_k_tiles_per_split:
-      break
-    units = tiles * s
-    eff = units / (math.ceil(units / sm_count) * sm_count)
-    if eff > best_eff + 0.04:  # a split costs a partial-tile reduction: require a real gain
-      best, best_eff = s, eff
-  return best
+# Tile arithmetic shared with the tensorwise family (it reads only problem.m/n/k and the config).
+num_tiles = _tw.num_tiles
+wave_efficiency = _tw.wave_efficiency
+choose_splits = _tw.choose_splits
 
 
 #: Below this wave efficiency a data-parallel grid is replaced by stream-K.

@@ -88,6 +88,27 @@ def _scale_mode(arg: str, shape: Optional[Sequence[int]], dtype, rows: int, batc
                    f"(one scale per row of b, i.e. per output channel), got {shape}")
 
 
+def _gemm_dims(a_shape, b_shape) -> tuple:
+  """(batch, M, K, N) of a (..., M, K) x (N, K) GEMM, with the rules every kernel family shares:
+  no zero-size dims, matching K, K and N aligned for TMA."""
+  batch = a_shape[:-2]
+  m = int(np.prod(a_shape[:-1]))
+  k = a_shape[-1]
+  n = b_shape[0]
+  if any(d == 0 for d in a_shape) or any(d == 0 for d in b_shape):
+    raise ValueError(f"zero-size dimensions are not supported: a {a_shape}, b {b_shape}")
+  if b_shape[1] != k:
+    raise ValueError(f"contraction mismatch: a.shape[-1] (K={k}) != b.shape[1] ({b_shape[1]}); "
+                     "b must be (N, K), K-major")
+  if k % K_ALIGN:
+    raise ValueError(f"K (a.shape[-1]) must be a multiple of {K_ALIGN} (TMA: 16-byte aligned fp8 rows), "
+                     f"got {k}")
+  if n % N_ALIGN:
+    raise ValueError(f"N (b.shape[0]) must be a multiple of {N_ALIGN} (TMA: 16-byte aligned output rows), "
+                     f"got {n}")
+  return batch, m, k, n
+
+
 def fp8_gemm_problem(a_shape, a_dtype, b_shape, b_dtype, *, a_scale_shape=None, a_scale_dtype=None,
                      b_scale_shape=None, b_scale_dtype=None, bias_shape=None, bias_dtype=None,
                      out_dtype=BF16) -> GemmProblem:
@@ -117,19 +138,7 @@ def fp8_gemm_problem(a_shape, a_dtype, b_shape, b_dtype, *, a_scale_shape=None, 
                     f"supported (a x b): {pairs}")
   if out_dtype not in OUT_DTYPES:
     raise TypeError(f"out_dtype must be one of bfloat16, float16, float32, got {_name(out_dtype)}")
-  batch = a_shape[:-2]
-  m = int(np.prod(a_shape[:-1]))
-  k = a_shape[-1]
-  n = b_shape[0]
-  if any(d == 0 for d in a_shape) or any(d == 0 for d in b_shape):
-    raise ValueError(f"zero-size dimensions are not supported: a {a_shape}, b {b_shape}")
-  if b_shape[1] != k:
-    raise ValueError(f"contraction mismatch: a.shape[-1] (K={k}) != b.shape[1] ({b_shape[1]}); "
-                     "b must be (N, K), K-major")
-  if k % K_ALIGN:
-    raise ValueError(f"K (a.shape[-1]) must be a multiple of {K_ALIGN} (16-byte aligned fp8 rows), got {k}")
-  if n % N_ALIGN:
-    raise ValueError(f"N (b.shape[0]) must be a multiple of {N_ALIGN} (16-byte aligned output rows), got {n}")
+  batch, m, k, n = _gemm_dims(a_shape, b_shape)
   if max(m, n, k) >= 2**31:
     raise ValueError(f"dimensions must be < 2**31, got M={m} N={n} K={k}")
   a_mode = _scale_mode("a_scale", a_scale_shape, a_scale_dtype, m, batch, "row")
@@ -228,21 +237,7 @@ def fp8_blockwise_problem(a_shape, a_dtype, b_shape, b_dtype, a_scales_shape, a_
                     f"got {_name(b_dtype)}")
   if out_dtype not in BLOCKWISE_OUT_DTYPES:
     raise TypeError(f"out_dtype must be one of {outs}, got {_name(out_dtype)}")
-  batch = a_shape[:-2]
-  m = int(np.prod(a_shape[:-1]))
-  k = a_shape[-1]
-  n = b_shape[0]
-  if any(d == 0 for d in a_shape) or any(d == 0 for d in b_shape):
-    raise ValueError(f"zero-size dimensions are not supported: a {a_shape}, b {b_shape}")
-  if b_shape[1] != k:
-    raise ValueError(f"contraction mismatch: a.shape[-1] (K={k}) != b.shape[1] ({b_shape[1]}); "
-                     "b must be (N, K), K-major")
-  if k % K_ALIGN:
-    raise ValueError(f"K (a.shape[-1]) must be a multiple of {K_ALIGN} (TMA: 16-byte aligned fp8 rows), "
-                     f"got {k}")
-  if n % N_ALIGN:
-    raise ValueError(f"N (b.shape[0]) must be a multiple of {N_ALIGN} (TMA: 16-byte aligned output rows), "
-                     f"got {n}")
+  batch, m, k, n = _gemm_dims(a_shape, b_shape)
   if max(m, n, k) >= 2**31:
     raise ValueError(f"dimensions must be < 2**31, got M={m} N={n} K={k}")
   kb = _cdiv(k, BLOCK_K)
