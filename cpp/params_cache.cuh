@@ -5,9 +5,10 @@
 // enqueues the launch (and the split-K workspace memset).
 //
 // Set-associative (kSets x kWays entries, round-robin replacement within a set), so programs
-// with hundreds of GEMM call sites keep hitting: the first version was direct-mapped with 64
-// slots, and colliding call sites evicted each other on every call (measured 8 us of host time
-// per call in a program of 32 GEMMs).
+// with hundreds of GEMM call sites keep hitting; the first version was direct-mapped with 64
+// slots, where colliding call sites evict each other. (Measured on an H200 in a program of 32
+// tiny GEMMs: 8.1 us of handler time per call before this change, 7.6 after: there the launch
+// and the split-K workspace memset dominate, not parameter building.)
 #pragma once
 
 #include <cstdint>
