@@ -1,6 +1,6 @@
 // XLA FFI handlers of jax-gmma (typed FFI, CUDA platform).
 //
-// Graph safety, declared in one place (kGraphSafeTraits below): the execute path
+// Graph safety (the rules are in ffi/graph_safety.h, shared by every handler): the execute path
 //  * takes the stream from the platform context and asks CUDA nothing about it
 //    (cudaStreamGetDevice on a capturing stream invalidates the capture);
 //  * gets the device with cudaGetDevice(), which capture allows;
@@ -20,6 +20,7 @@
 
 #include "jax_gmma/gemm_api.h"
 #include "xla/ffi/api/ffi.h"
+#include "graph_safety.h"
 
 namespace ffi = xla::ffi;
 
@@ -333,8 +334,7 @@ ffi::Error MxGemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b, f
 }  // namespace
 }  // namespace jax_gmma
 
-// Graph safety is declared here, once, for every handler of this library.
-#define JAX_GMMA_GRAPH_SAFE_TRAITS {xla::ffi::Traits::kCmdBufferCompatible}
+// Graph safety: JAX_GMMA_GRAPH_SAFE_TRAITS (ffi/graph_safety.h), shared by every handler.
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxGmmaFp8Gemm, jax_gmma::Fp8GemmImpl,
                               ffi::Ffi::Bind()
@@ -401,6 +401,10 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxGmmaMxGemm, jax_gmma::MxGemmImpl,
 
 extern "C" __attribute__((visibility("default"))) void* jax_gmma_mx_gemm_handler() {
   return reinterpret_cast<void*>(&JaxGmmaMxGemm);
+}
+
+extern "C" void jax_gmma_count_execution(bool captured) {
+  (captured ? jax_gmma::g_captured : jax_gmma::g_eager).fetch_add(1, std::memory_order_relaxed);
 }
 
 // Counters of executions under stream capture / eager (see g_captured above).

@@ -12,6 +12,8 @@ from . import blockwise_configs
 from .blockwise import blockwise_gemm, blockwise_gemm_reference, fp8_blockwise_gemm_p, scaled_matmul
 from . import mx
 from .mx import mx_gemm, mx_gemm_p
+from . import weightonly
+from .weightonly import PackedWeight, weightonly_gemm
 from .configs import KernelConfig, select_config
 from .formats import FORMATS, get_format
 from .ops import fp8_gemm, fp8_gemm_p
@@ -30,4 +32,5 @@ __all__ = [
     "blockwise_gemm", "blockwise_gemm_reference", "fp8_blockwise_gemm_p", "scaled_matmul",
     "BlockwiseProblem", "fp8_blockwise_problem", "blockwise_configs",
     "mx", "mx_gemm", "mx_gemm_p",
+    "weightonly", "weightonly_gemm", "PackedWeight",
 ]

@@ -37,6 +37,9 @@ def dot(x, w: QuantizedArray, *, bias=None, out_dtype=None, x_format: str = "fp8
   (one scale per token and 128 of K; ``x_format`` and ``fast_accum`` do not apply) and the
   product runs on :func:`jax_gmma.blockwise_gemm`.
   """
+  from .weightonly import PackedWeight, weightonly_gemm  # noqa: PLC0415
+  if isinstance(w, PackedWeight):
+    return _dot_weightonly(x, w, bias=bias, out_dtype=out_dtype)
   if not isinstance(w, QuantizedArray):
     raise TypeError("w must be a jax_gmma.QuantizedArray of an (N, K) weight; quantize it once with "
                     "jax_gmma.quantize(w, 'fp8_channel')")
@@ -112,3 +115,21 @@ def _dot_mx(x, w: QuantizedArray, *, bias, out_dtype, x_format, config):
   out = mx.mx_gemm(xq, w, bias=bias, out_dtype=default_out if out_dtype is None else out_dtype,
                    config=config)
   return out.reshape(*lead, out.shape[-1])
+
+
+def _dot_weightonly(x, w, *, bias, out_dtype):
+  """``dot`` for FP4 weights prepared for Hopper (jax_gmma.weightonly.prepare): a float x is
+  multiplied in bfloat16 (float32/float16 inputs are rounded to bf16 first); an FP8
+  QuantizedArray x (fp8_tensor / fp8_channel) is widened to bf16 exactly with its scales."""
+  from .weightonly import weightonly_gemm  # noqa: PLC0415
+  if isinstance(x, QuantizedArray):
+    if x.format.name not in DOT_WEIGHT_FORMATS:
+      raise ValueError(f"x: format {x.format.name!r} cannot multiply FP4 weights; use fp8_tensor, "
+                       "fp8_channel or a float x")
+    return weightonly_gemm(x.data, w, x_scale=x.scales, bias=bias,
+                           out_dtype=shapes.BF16 if out_dtype is None else out_dtype)
+  x = jnp.asarray(x)
+  default_out = shapes.F32 if np.dtype(x.dtype) == shapes.F32 else shapes.BF16
+  if np.dtype(x.dtype) != shapes.BF16:
+    x = x.astype(jnp.bfloat16)
+  return weightonly_gemm(x, w, bias=bias, out_dtype=default_out if out_dtype is None else out_dtype)

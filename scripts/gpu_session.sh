@@ -11,7 +11,8 @@
 #   decode   SASS check, CUDA-graph test, decode chains (+ DECODE_CONFIGS rows), host cost
 #   sweep    benchmarks/sweep.py: decode + large suites (SWEEP_*_ARGS add options), host cost
 #   steps    tests, sass, sweep_decode, sweep_large, large, decode, host, bw_large, bw_decode,
-#            bw_quant (block-scaled benchmark suites), minilm, llama (examples); MODE may list several
+#            bw_quant (block-scaled benchmark suites), wo_smoke, wo_decode, wo_prefill, wo_all (FP4
+#            weight-only suites), minilm, llama (examples); MODE may list several
 #            separated by commas (e.g. tests,sweep_decode)
 # Logs and results go to $OUT (at most 8 files come back from the device machine).
 set -uo pipefail
@@ -64,6 +65,9 @@ step() {
       timeout ${T_LLAMA:-200} python3 -P examples/llama_decode.py --layers ${LLAMA_LAYERS:-32} \
         --gen-tokens ${LLAMA_TOKENS:-64} --repeats 2 --no-progress \
         --formats "${LLAMA_FORMATS:-bf16,xla_fp8,fp8_channel,fp8_128x128}" --json "$OUT/llama.json" ;;
+    wo_smoke|wo_decode|wo_prefill|wo_all)  # benchmarks/bench_weightonly.py suites
+      mkdir -p "$OUT/$1"
+      timeout ${T_WO:-300} python3 -P benchmarks/bench_weightonly.py --suite "${1#wo_}" --out "$OUT/$1" ${WO_ARGS:-} ;;
     bw_large|bw_decode|bw_quant)  # benchmarks/bench_blockwise.py suites
       mkdir -p "$OUT/$1"
       timeout ${T_BW:-240} python3 -P benchmarks/bench_blockwise.py --suite "${1#bw_}" --out "$OUT/$1" ;;

@@ -1,0 +1,255 @@
+#!/usr/bin/env python3
+"""FP4 weight-only GEMM benchmark (jax_gmma.weightonly_gemm on Hopper) against its peers.
+
+    python3 -P benchmarks/bench_weightonly.py --suite {decode,prefill,smoke,all} [--out DIR]
+
+Writes DIR/bench_weightonly.json and DIR/bench_weightonly.md and prints the tables. Exit status 1
+when a correctness check of ours fails.
+
+Implementations (same process, same run; every one gets bf16 activations in and bf16 out)
+  ours_nvfp4 / ours_mxfp4  jax_gmma.weightonly_gemm(x, prepare(w, fmt)): FP4 weights (packed codes
+                     + scale codes streamed), bf16 activations.
+  ours_fp8           jax_gmma.fp8_gemm on an fp8 (e4m3, per-tensor scale) copy of the weights,
+                     activation cast to fp8 in the chain: our FP8 decode kernel.
+  xla_fp8            XLA's FP8 GEMM (fp8 operands straight into lax.dot_general -> cuBLASLt FP8
+                     or XLA's Triton GEMM), activation cast to fp8 in the chain.
+  bf16               jnp.dot(x, w_bf16.T).
+  xla_dequant_nvfp4  what JAX users write today: jnp.dot(x, jax_gmma.dequantize(w_q).astype(bf16).T)
+                     inside the jitted step (XLA fuses the dequantize, then a bf16 GEMM).
+
+Decode suite: chains of 32 dependent GEMMs per jitted call (x_{i+1} = out_i tiled to K, so XLA
+cannot merge calls), cycling over enough distinct weight copies to exceed the 60 MB L2; reported
+per GEMM, with the streamed weight bytes per second (FP4: packed codes + scale codes). Prefill
+suite: single GEMMs at M = 4096, distinct weights rotated.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if _HERE not in sys.path:  # `python -P` does not put the script's directory on sys.path
+  sys.path.insert(0, _HERE)
+
+from bench_fp8 import F8, BF16, F32, TN, compile_jax, time_jax  # noqa: E402
+
+import argparse  # noqa: E402
+import datetime  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax import lax  # noqa: E402
+
+import jax_gmma  # noqa: E402
+from jax_gmma import weightonly as wo  # noqa: E402
+
+CHAIN = 32
+L2_BYTES = 60e6
+DECODE_SHAPES = ((28672, 8192), (8192, 8192), (8192, 28672), (4096, 14336))
+DECODE_MS = (1, 4, 16)
+PREFILL_SHAPES = ((8192, 8192), (28672, 8192))
+TOL = {"ours_nvfp4": 1e-2, "ours_mxfp4": 1e-2, "ours_fp8": 5e-2}
+
+
+def _to_k(y, k):
+  """Next chain input: out (M, N) tiled/cut to (M, K), bf16."""
+  n = y.shape[1]
+  if n < k:
+    y = jnp.concatenate([y] * math.ceil(k / n), axis=1)
+  return y[:, :k].astype(BF16)
+
+
+def _chain(step, k):
+  def chain(x, ws):
+    out = None
+    for i in range(CHAIN):
+      out = step(x, ws[i % len(ws)])
+      x = _to_k(out, k)
+    return out
+  return chain
+
+
+def _steps(k):
+  return {
+      "ours_nvfp4": lambda x, w: jax_gmma.weightonly_gemm(x, w),
+      "ours_mxfp4": lambda x, w: jax_gmma.weightonly_gemm(x, w),
+      "ours_fp8": lambda x, w: jax_gmma.fp8_gemm(x.astype(F8), w[0], None, w[1], out_dtype=BF16),
+      "xla_fp8": lambda x, w: (lax.dot_general(x.astype(F8), w[0], TN, preferred_element_type=F32)
+                               * w[1]).astype(BF16),
+      "bf16": lambda x, w: jnp.dot(x, w.T),
+      "xla_dequant_nvfp4": lambda x, w: jnp.dot(x, jax_gmma.dequantize(w).astype(BF16).T),
+  }
+
+
+def _weights(impl, w32):
+  if impl == "ours_nvfp4":
+    return wo.prepare(w32, "nvfp4")
+  if impl == "ours_mxfp4":
+    return wo.prepare(w32, "mxfp4")
+  if impl in ("ours_fp8", "xla_fp8"):
+    s = jnp.max(jnp.abs(w32)) / 448.0
+    return ((w32 / s).astype(F8), s.astype(F32))
+  if impl == "bf16":
+    return w32.astype(BF16)
+  return jax_gmma.quantize(w32, "nvfp4")
+
+
+def _dequant(impl, w):
+  if impl.startswith("ours_nv") or impl.startswith("ours_mx"):
+    return wo.dequantize_packed(w)
+  if impl in ("ours_fp8", "xla_fp8"):
+    return w[0].astype(F32) * w[1]
+  if impl == "bf16":
+    return w.astype(F32)
+  return jax_gmma.dequantize(w)
+
+
+def _wbytes(impl, n, k):
+  if impl.startswith("ours_nv"):
+    return n * k // 2 + n * k // 16
+  if impl.startswith("ours_mx"):
+    return n * k // 2 + n * k // 32
+  if impl in ("ours_fp8", "xla_fp8"):
+    return n * k
+  if impl == "bf16":
+    return 2 * n * k
+  return n * k // 2 + n * k // 16  # nvfp4 QuantizedArray read by the dequantize fusion
+
+
+def bench_decode(args, rows, fails, shapes, ms, impls):
+  key = jax.random.PRNGKey(0)
+  for n, k in shapes:
+    for impl in impls:
+      wb = _wbytes(impl, n, k)
+      d = max(2, min(CHAIN, math.ceil(2 * L2_BYTES / wb)))
+      ws, w0 = [], None
+      for i in range(d):
+        key, sub = jax.random.split(key)
+        w32 = jax.random.normal(sub, (n, k), F32) / math.sqrt(k)
+        ws.append(_weights(impl, w32))
+        if i == 0:
+          w0 = np.asarray(_dequant(impl, ws[0]), np.float64)
+        del w32
+      ws = tuple(ws)
+      step = _steps(k)[impl]
+      for m in ms:
+        key, sub = jax.random.split(key)
+        x = jax.random.normal(sub, (m, k), F32).astype(BF16)
+        one, _ = compile_jax(step, (x, ws[0]))
+        out = np.asarray(one(x, ws[0]).astype(F32), np.float64)
+        xin = np.asarray(x.astype(F8).astype(F32) if impl in ("ours_fp8", "xla_fp8") else
+                         x.astype(F32), np.float64)
+        ref = xin @ w0.T
+        err = float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
+        if impl in TOL and not err < TOL[impl]:
+          fails.append(f"decode {impl} {m}x{n}x{k}: rel_err {err:.2e}")
+        chain, calls = compile_jax(_chain(step, k), (x, ws))
+        st = time_jax(chain, [(x, ws)], args.repeats, args.repeat_ms / 1e3)
+        us = st["median_us"] / CHAIN
+        row = dict(suite="decode", impl=impl, m=m, n=n, k=k, us=us, chain_us=st["median_us"],
+                   weight_bytes=wb, gbps=wb / (us * 1e-6) / 1e9, rel_err=err, distinct_weights=d,
+                   lowered_to=calls)
+        if impl.startswith("ours_") and impl != "ours_fp8":
+          row["tile"] = wo.pick_tile(m, n)
+        rows.append(row)
+        print(f"  {m:3d}x{n}x{k} {impl:18s} {us:8.2f} us/GEMM {row['gbps']:7.0f} GB/s "
+              f"rel_err {err:.1e} [{', '.join(calls) or 'XLA'}]", flush=True)
+        del chain, one
+      del ws
+
+
+def bench_prefill(args, rows, fails, shapes, impls, m=4096):
+  key = jax.random.PRNGKey(1)
+  for n, k in shapes:
+    key, sub = jax.random.split(key)
+    x = jax.random.normal(sub, (m, k), F32).astype(BF16)
+    for impl in impls:
+      wb = _wbytes(impl, n, k)
+      d = max(2, math.ceil(2 * L2_BYTES / wb))
+      ws = []
+      for _ in range(d):
+        key, sub = jax.random.split(key)
+        ws.append(_weights(impl, jax.random.normal(sub, (n, k), F32) / math.sqrt(k)))
+      step = _steps(k)[impl]
+      fn, calls = compile_jax(step, (x, ws[0]))
+      w0 = np.asarray(_dequant(impl, ws[0]), np.float64)
+      xin = np.asarray(x[:64].astype(F8).astype(F32) if impl in ("ours_fp8", "xla_fp8") else
+                       x[:64].astype(F32), np.float64)
+      out = np.asarray(fn(x, ws[0])[:64].astype(F32), np.float64)
+      ref = xin @ w0.T
+      err = float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
+      if impl in TOL and not err < TOL[impl]:
+        fails.append(f"prefill {impl} {m}x{n}x{k}: rel_err {err:.2e}")
+      st = time_jax(fn, [(x, w) for w in ws], args.repeats, args.repeat_ms / 1e3)
+      us = st["median_us"]
+      row = dict(suite="prefill", impl=impl, m=m, n=n, k=k, us=us, tflops=2 * m * n * k / us / 1e6,
+                 rel_err=err, lowered_to=calls)
+      rows.append(row)
+      print(f"  {m}x{n}x{k} {impl:18s} {us:9.1f} us {row['tflops']:7.1f} TFLOP/s rel_err {err:.1e}",
+            flush=True)
+      del ws, fn
+
+
+def _table(rows, suite):
+  sel = [r for r in rows if r["suite"] == suite]
+  if not sel:
+    return ""
+  impls = list(dict.fromkeys(r["impl"] for r in sel))
+  keys = list(dict.fromkeys((r["m"], r["n"], r["k"]) for r in sel))
+  unit = "us/GEMM" if suite == "decode" else "us"
+  head = "| M x N x K | " + " | ".join(f"{i} {unit}" for i in impls)
+  head += " | nvfp4 vs ours_fp8 | nvfp4 vs xla_fp8 | nvfp4 vs bf16 | nvfp4 GB/s |"
+  lines = [head, "|" + "---|" * (len(impls) + 5)]
+  for key in keys:
+    by = {r["impl"]: r for r in sel if (r["m"], r["n"], r["k"]) == key}
+    cells = [f"{by[i]['us']:.2f}" if i in by else "-" for i in impls]
+
+    def ratio(peer):
+      if "ours_nvfp4" in by and peer in by:
+        return f"{by[peer]['us'] / by['ours_nvfp4']['us']:.2f}x"
+      return "-"
+    gb = f"{by['ours_nvfp4']['gbps']:.0f}" if "ours_nvfp4" in by and "gbps" in by["ours_nvfp4"] else "-"
+    lines.append(f"| {key[0]}x{key[1]}x{key[2]} | " + " | ".join(cells) +
+                 f" | {ratio('ours_fp8')} | {ratio('xla_fp8')} | {ratio('bf16')} | {gb} |")
+  return f"### {suite}\n\n" + "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--suite", default="smoke", choices=["smoke", "decode", "prefill", "all"])
+  p.add_argument("--out", default="bench_weightonly_out")
+  p.add_argument("--repeats", type=int, default=10)
+  p.add_argument("--repeat-ms", type=float, default=50.0)
+  p.add_argument("--impls", default="ours_nvfp4,ours_mxfp4,ours_fp8,xla_fp8,bf16,xla_dequant_nvfp4")
+  args = p.parse_args(argv)
+  impls = args.impls.split(",")
+  rows, fails = [], []
+  dev = jax.devices()[0]
+  print(f"device: {dev.device_kind}, jax {jax.__version__}", flush=True)
+  if args.suite == "smoke":
+    bench_decode(args, rows, fails, ((4096, 4096),), (1, 16), impls)
+  if args.suite in ("decode", "all"):
+    bench_decode(args, rows, fails, DECODE_SHAPES, DECODE_MS, impls)
+  if args.suite in ("prefill", "all"):
+    bench_prefill(args, rows, fails, PREFILL_SHAPES,
+                  [i for i in impls if i != "xla_dequant_nvfp4"])
+  os.makedirs(args.out, exist_ok=True)
+  meta = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              device=dev.device_kind, jax=jax.__version__, chain=CHAIN, suite=args.suite)
+  with open(os.path.join(args.out, "bench_weightonly.json"), "w") as f:
+    json.dump(dict(meta=meta, rows=rows, failures=fails), f, indent=1, default=str)
+  md = (f"# FP4 weight-only GEMM ({meta['device']}, {meta['date']}, jax {meta['jax']})\n\n"
+        + _table(rows, "decode") + "\n" + _table(rows, "prefill"))
+  if fails:
+    md += "\n**Failures:**\n" + "\n".join(f"- {f}" for f in fails) + "\n"
+  with open(os.path.join(args.out, "bench_weightonly.md"), "w") as f:
+    f.write(md)
+  print(md)
+  return 1 if fails else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

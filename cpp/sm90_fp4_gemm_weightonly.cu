@@ -1,0 +1,314 @@
+// sm90 FP4 weight-only GEMM (NVFP4 / MXFP4 weights x bf16 activations): the decode kernel.
+//
+// Hopper has no FP4 tensor-core instruction, so the weights are widened in registers and fed
+// to bf16 mma.sync.m16n8k16 (fp32 accumulation). At decode (M <= 16) the weight bytes are the
+// whole cost, so the kernel is built around streaming them:
+//
+//  * The weight operand is the MMA's A (16 weight rows), the activations its B (8 tokens):
+//    "swap AB", so M = 1 wastes nothing on the weight side.
+//  * The weights are pre-shuffled once (jax_gmma.weightonly.prepare): a 16-row x 64-K tile is
+//    512 contiguous bytes, lane l's 16 bytes are exactly its A fragments of four MMAs. The K
+//    order inside an MMA is free (a dot product commutes), so lane (g, t) -- g = lane / 4,
+//    t = lane % 4 -- owns K range [16t, 16t + 16) of the tile for rows g and g + 8: one
+//    NVFP4 block (one MXFP4 half block) per row, so each lane needs just two scales per tile,
+//    and its activation operand is 32 contiguous bytes of one token's row.
+//  * e2m1 -> bf16 without a table: a nibble (s e1 e0 m) placed at bf16 bits 15 | 8..6 is the
+//    bf16 number v * 2^-126 (e1e0 = 0 gives the bf16 subnormal m * 2^-127, which is exact),
+//    so two values cost two shifts and a LOP3. One bf16x2 multiply by F = scale * 2^116 then
+//    gives v * scale * 2^-10 exactly (at most 6 significant bits, within bf16's normal range
+//    for every e4m3 scale and for E8M0 scales 2^-115 .. 2^11); the epilogue multiplies by
+//    2^10. Block scales are stored as codes from which F is one integer multiply-add.
+//  * CTA = 8 warps on `RS` 16-row strips and `NT` 8-token tiles; the warps split K (interleaved
+//    64-K steps, so the CTA streams contiguous 4 KB runs), each prefetches its next step into
+//    registers, and a shared-memory reduction ends in a direct epilogue (alpha, bias, cast):
+//    no workspace, no second kernel, nothing but the launch -- CUDA-graph safe.
+#include <cstdint>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "jax_gmma/weightonly_api.h"
+
+namespace jax_gmma {
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kTileBytes = 512;  // 16 rows x 64 K of e2m1 codes
+
+struct WoParams {
+  int64_t m, n, k;
+  const __nv_bfloat16* x;
+  const float* x_scale;
+  const uint8_t* w;
+  const uint8_t* s;
+  const float* w_global;
+  const void* bias;
+  void* d;
+};
+
+// Weights are read once: no L1 allocation.
+__device__ __forceinline__ uint4 ld_stream(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ uint32_t ld_u16(const void* p) {
+  unsigned short v;
+  asm volatile("ld.global.nc.u16 %0, [%1];" : "=h"(v) : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+  return d;
+}
+
+// Nibbles at bits [15:12] and [31:28] of q -> bf16x2 of value * 2^-126 (see the header).
+__device__ __forceinline__ uint32_t e2m1x2_raw(uint32_t q) {
+  return (q & 0x80008000u) | ((q >> 6) & 0x01C001C0u);
+}
+
+__device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+
+__device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                         uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// The bf16x2 multiplier (F, F) of one row from its scale code (byte `which` of `sc`).
+template <WoScale S>
+__device__ __forceinline__ uint32_t scale_pair(uint32_t sc, uint32_t sel) {
+  const uint32_t c = prmt(sc, 0u, sel);  // code in bits 0..7 of both halves
+  if constexpr (S == WoScale::kNv16)
+    return c * 16u + 0x70007000u;  // bf16 bits (E - 224) << 3 | m3  ->  E << 7 | m3 << 4
+  else
+    return c * 128u + 0x3A003A00u;  // E8M0 u -> bf16 exponent u + 116
+}
+
+template <typename OutT>
+__device__ __forceinline__ float to_float(OutT v);
+template <>
+__device__ __forceinline__ float to_float<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename OutT>
+__device__ __forceinline__ OutT from_float(float v);
+template <>
+__device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+template <int RS, int NT, WoScale S, typename OutT>
+__global__ void __launch_bounds__(kWarps * 32) wo_gemm_kernel(const WoParams p) {
+  constexpr int kScaleBytes = S == WoScale::kNv16 ? 64 : 32;
+  constexpr int kRows = RS * 16, kCols = NT * 8;
+  __shared__ float red[kWarps][kCols][kRows];
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int64_t ksteps = p.k / 64;
+  const int64_t strip0 = static_cast<int64_t>(blockIdx.x) * RS;
+  const int64_t tok0 = static_cast<int64_t>(blockIdx.y) * kCols;
+  const int sc_off = (S == WoScale::kNv16 ? 8 * t + g : 8 * (t >> 1) + g) * 2;
+  const uint8_t* wbase = p.w + strip0 * ksteps * kTileBytes + lane * 16;
+  const uint8_t* sbase = p.s + strip0 * ksteps * kScaleBytes + sc_off;
+
+  const __nv_bfloat16* xrow[NT];
+  bool xok[NT];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const int64_t tok = tok0 + nt * 8 + g;
+    xok[nt] = tok < p.m;
+    xrow[nt] = p.x + (xok[nt] ? tok : 0) * p.k + 16 * t;
+  }
+
+  float acc[RS][NT][4];
+#pragma unroll
+  for (int r = 0; r < RS; ++r)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[r][nt][i] = 0.f;
+
+  uint4 wv[RS], wn[RS];
+  uint32_t sv[RS], sn[RS];
+  uint4 xv[NT][2], xn[NT][2];
+  auto load = [&](int64_t j, uint4 (&w)[RS], uint32_t (&s)[RS], uint4 (&x)[NT][2]) {
+#pragma unroll
+    for (int r = 0; r < RS; ++r) {
+      w[r] = ld_stream(wbase + (r * ksteps + j) * kTileBytes);
+      s[r] = ld_u16(sbase + (r * ksteps + j) * kScaleBytes);
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      if (xok[nt]) {
+        const uint4* px = reinterpret_cast<const uint4*>(xrow[nt] + j * 64);
+        x[nt][0] = __ldg(px);
+        x[nt][1] = __ldg(px + 1);
+      } else {
+        x[nt][0] = make_uint4(0, 0, 0, 0);
+        x[nt][1] = make_uint4(0, 0, 0, 0);
+      }
+    }
+  };
+
+  int64_t j = warp;
+  if (j < ksteps) load(j, wv, sv, xv);
+  for (; j < ksteps; j += kWarps) {
+    const int64_t jn = j + kWarps;
+    if (jn < ksteps) load(jn, wn, sn, xn);
+#pragma unroll
+    for (int r = 0; r < RS; ++r) {
+      const uint32_t f_lo = scale_pair<S>(sv[r], 0x4040u);  // row g
+      const uint32_t f_hi = scale_pair<S>(sv[r], 0x4141u);  // row g + 8
+      const uint32_t words[4] = {wv[r].x, wv[r].y, wv[r].z, wv[r].w};
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const uint32_t w = words[q];
+        const uint32_t a0 = mul_bf16x2(e2m1x2_raw(w), f_lo);
+        const uint32_t a1 = mul_bf16x2(e2m1x2_raw(w << 4), f_hi);
+        const uint32_t a2 = mul_bf16x2(e2m1x2_raw(w << 8), f_lo);
+        const uint32_t a3 = mul_bf16x2(e2m1x2_raw(w << 12), f_hi);
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          const uint4& xb = xv[nt][q >> 1];
+          const uint32_t b0 = (q & 1) ? xb.z : xb.x;
+          const uint32_t b1 = (q & 1) ? xb.w : xb.y;
+          mma_bf16(acc[r][nt], a0, a1, a2, a3, b0, b1);
+        }
+      }
+    }
+    if (jn < ksteps) {
+#pragma unroll
+      for (int r = 0; r < RS; ++r) {
+        wv[r] = wn[r];
+        sv[r] = sn[r];
+      }
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        xv[nt][0] = xn[nt][0];
+        xv[nt][1] = xn[nt][1];
+      }
+    }
+  }
+
+  // C fragment: c0, c1 -> (row g, tokens 2t, 2t+1), c2, c3 -> (row g + 8, same tokens).
+#pragma unroll
+  for (int r = 0; r < RS; ++r)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const int row = r * 16 + g, col = nt * 8 + 2 * t;
+      red[warp][col][row] = acc[r][nt][0];
+      red[warp][col + 1][row] = acc[r][nt][1];
+      red[warp][col][row + 8] = acc[r][nt][2];
+      red[warp][col + 1][row + 8] = acc[r][nt][3];
+    }
+  __syncthreads();
+
+  const float alpha0 = 1024.f * (p.w_global ? *p.w_global : 1.f);  // 2^10 undoes F's 2^-10
+  const OutT* bias = static_cast<const OutT*>(p.bias);
+  OutT* d = static_cast<OutT*>(p.d);
+  for (int e = threadIdx.x; e < kRows * kCols; e += kWarps * 32) {
+    const int row = e % kRows, col = e / kRows;
+    const int64_t tok = tok0 + col;
+    if (tok >= p.m) continue;
+    float sum = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) sum += red[w][col][row];
+    const float alpha = p.x_scale ? alpha0 * p.x_scale[tok] : alpha0;
+    const int64_t n = strip0 * 16 + row;
+    float v = sum * alpha;
+    if (bias) v += to_float<OutT>(bias[n]);
+    d[tok * p.n + n] = from_float<OutT>(v);
+  }
+}
+
+template <int RS, int NT, WoScale S, typename OutT>
+cudaError_t launch(const WoArgs& a, cudaStream_t stream) {
+  WoParams p{a.m,
+             a.n,
+             a.k,
+             static_cast<const __nv_bfloat16*>(a.x),
+             a.x_scale,
+             static_cast<const uint8_t*>(a.w_packed),
+             static_cast<const uint8_t*>(a.w_scales),
+             a.w_global,
+             a.bias,
+             a.d};
+  const dim3 grid(static_cast<unsigned>(a.n / (16 * RS)),
+                  static_cast<unsigned>((a.m + NT * 8 - 1) / (NT * 8)));
+  wo_gemm_kernel<RS, NT, S, OutT><<<grid, kWarps * 32, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <WoScale S, typename OutT>
+cudaError_t dispatch_tile(const WoArgs& a, int rows, int tokens, cudaStream_t stream) {
+  const int nt = tokens / 8;
+  switch (rows * 10 + nt) {
+    case 161: return launch<1, 1, S, OutT>(a, stream);
+    case 162: return launch<1, 2, S, OutT>(a, stream);
+    case 321: return launch<2, 1, S, OutT>(a, stream);
+    case 322: return launch<2, 2, S, OutT>(a, stream);
+    case 641: return launch<4, 1, S, OutT>(a, stream);
+    case 642: return launch<4, 2, S, OutT>(a, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+void resolve(const WoArgs& a, int* rows, int* tokens) {
+  const int32_t pick = weightonly_pick(a.m, a.n, a.k);
+  *rows = a.rows_per_cta ? a.rows_per_cta : pick / 100;
+  *tokens = a.tokens_per_cta ? a.tokens_per_cta : pick % 100;
+}
+
+}  // namespace
+
+int32_t weightonly_pick(int64_t m, int64_t n, int64_t /*k*/) {
+  // One 8-token tile up to M = 8, then 16-token tiles. More rows per CTA amortize the
+  // activation reads (each CTA reads its tokens' whole K) once there are several tokens.
+  const int tokens = m <= 8 ? 8 : 16;
+  int rows = m <= 8 ? 16 : (m <= 16 ? 32 : 64);
+  while (rows > 16 && n % rows != 0) rows /= 2;
+  return rows * 100 + tokens;
+}
+
+const char* weightonly_check(const WoArgs& a) {
+  if (a.m < 1 || a.n < 1 || a.k < 1) return "M, N and K must be positive";
+  if (a.n % 16 != 0) return "N must be a multiple of 16";
+  if (a.k % 64 != 0) return "K must be a multiple of 64";
+  if (!a.x || !a.w_packed || !a.w_scales || !a.d) return "null operand";
+  if (reinterpret_cast<uintptr_t>(a.x) % 16 != 0 || reinterpret_cast<uintptr_t>(a.w_packed) % 16 != 0)
+    return "x and w_packed must be 16-byte aligned";
+  if (a.scale != WoScale::kNv16 && a.scale != WoScale::kMx32) return "unknown scale kind";
+  int rows = 0, tokens = 0;
+  resolve(a, &rows, &tokens);
+  if (rows != 16 && rows != 32 && rows != 64) return "rows_per_cta must be 16, 32 or 64";
+  if (tokens != 8 && tokens != 16) return "tokens_per_cta must be 8 or 16";
+  if (a.n % rows != 0) return "N must be a multiple of rows_per_cta";
+  if ((a.m + tokens - 1) / tokens > 65535) return "M too large";
+  return nullptr;
+}
+
+cudaError_t weightonly_run(const WoArgs& a, cudaStream_t stream) {
+  if (weightonly_check(a)) return cudaErrorInvalidValue;
+  int rows = 0, tokens = 0;
+  resolve(a, &rows, &tokens);
+  if (a.scale == WoScale::kNv16)
+    return a.d_is_f32 ? dispatch_tile<WoScale::kNv16, float>(a, rows, tokens, stream)
+                      : dispatch_tile<WoScale::kNv16, __nv_bfloat16>(a, rows, tokens, stream);
+  return a.d_is_f32 ? dispatch_tile<WoScale::kMx32, float>(a, rows, tokens, stream)
+                    : dispatch_tile<WoScale::kMx32, __nv_bfloat16>(a, rows, tokens, stream);
+}
+
+}  // namespace jax_gmma

@@ -1,0 +1,19 @@
+// Graph safety of jax-gmma's XLA FFI handlers, declared in one place.
+//
+// Every handler of this library (ffi/*.cc) is command-buffer compatible because its execute
+// path follows these rules, proven by tests that check capture (tests/cmdbuf_child.py):
+//  * the stream comes from the platform context and is asked nothing but cudaStreamIsCapturing
+//    (cudaStreamGetDevice on a capturing stream invalidates the capture);
+//  * the device comes from cudaGetDevice(), which capture allows;
+//  * one-time setup (shared-memory attributes) happens once per device, before capture;
+//  * only kernel launches and memsets are enqueued; nothing synchronizes or copies device
+//    memory to the host (scales are read by the kernels).
+#pragma once
+
+#include "xla/ffi/api/ffi.h"
+
+#define JAX_GMMA_GRAPH_SAFE_TRAITS {xla::ffi::Traits::kCmdBufferCompatible}
+
+// Counts one handler execution as captured (inside a CUDA graph capture) or eager; defined in
+// ffi/gmma_ffi.cc, read by _gmma_ext.capture_stats().
+extern "C" void jax_gmma_count_execution(bool captured);

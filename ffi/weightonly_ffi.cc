@@ -1,0 +1,111 @@
+// XLA FFI handler of the sm90 FP4 weight-only GEMM (cpp/sm90_fp4_gemm_weightonly.cu).
+//
+// Graph safety (same rules as ffi/gmma_ffi.cc): the stream comes from the platform context and
+// is only asked whether it is capturing; the execute path enqueues one kernel launch (static
+// shared memory, no attribute to set, no workspace, no memset) and never synchronizes or
+// copies to the host -- the scales are read by the kernel.
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include <cuda_runtime_api.h>
+
+#include "jax_gmma/weightonly_api.h"
+#include "xla/ffi/api/ffi.h"
+#include "graph_safety.h"
+
+namespace ffi = xla::ffi;
+
+namespace jax_gmma {
+namespace {
+
+ffi::Error bad(std::string msg) {
+  return ffi::Error(ffi::ErrorCode::kInvalidArgument, "jax_gmma_weightonly_gemm: " + msg);
+}
+
+// Operands: x (M,K) bf16, x_scale f32 (M,) or (1,) (ignored unless has_x_scale), w_packed u8,
+// w_scales u8 (prepared layouts), w_global f32 (1,) (ignored unless has_global), bias (N,) in
+// the output dtype (ignored unless has_bias). Result: d (M,N) bf16 or f32.
+ffi::Error WeightOnlyGemmImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer x_scale,
+                              ffi::AnyBuffer w_packed, ffi::AnyBuffer w_scales,
+                              ffi::AnyBuffer w_global, ffi::AnyBuffer bias,
+                              ffi::Result<ffi::AnyBuffer> d, int32_t scale_kind, int32_t rows,
+                              int32_t tokens, bool has_x_scale, bool has_global, bool has_bias) {
+  auto xd = x.dimensions();
+  auto dd = d->dimensions();
+  if (xd.size() != 2 || dd.size() != 2) return bad("x and d must be 2-D");
+  if (x.element_type() != ffi::DataType::BF16) return bad("x must be bfloat16");
+  const int64_t m = xd[0], k = xd[1], n = dd[1];
+  if (dd[0] != m) return bad("shape mismatch");
+  const bool f32 = d->element_type() == ffi::DataType::F32;
+  if (!f32 && d->element_type() != ffi::DataType::BF16) return bad("d must be bfloat16 or float32");
+  if (w_packed.element_type() != ffi::DataType::U8 || w_scales.element_type() != ffi::DataType::U8)
+    return bad("w_packed and w_scales must be uint8");
+  const int64_t sb = scale_kind == static_cast<int32_t>(WoScale::kNv16) ? 64 : 32;
+  if (static_cast<int64_t>(w_packed.size_bytes()) != n / 16 * (k / 64) * 512 ||
+      static_cast<int64_t>(w_scales.size_bytes()) != n / 16 * (k / 64) * sb)
+    return bad("prepared weight sizes do not match (N, K)");
+  if (has_x_scale && (x_scale.element_type() != ffi::DataType::F32 ||
+                      static_cast<int64_t>(x_scale.element_count()) != m))
+    return bad("x_scale must be float32 (M,)");
+  if (has_global && (w_global.element_type() != ffi::DataType::F32 || w_global.element_count() != 1))
+    return bad("w_global must be float32 (1,)");
+  if (has_bias && (bias.element_type() != d->element_type() ||
+                   static_cast<int64_t>(bias.element_count()) != n))
+    return bad("bias must be (N,) in the output dtype");
+
+  WoArgs a;
+  a.m = m;
+  a.n = n;
+  a.k = k;
+  a.x = x.untyped_data();
+  a.x_scale = has_x_scale ? static_cast<const float*>(x_scale.untyped_data()) : nullptr;
+  a.w_packed = w_packed.untyped_data();
+  a.w_scales = w_scales.untyped_data();
+  a.w_global = has_global ? static_cast<const float*>(w_global.untyped_data()) : nullptr;
+  a.bias = has_bias ? bias.untyped_data() : nullptr;
+  a.d = d->untyped_data();
+  a.d_is_f32 = f32;
+  a.scale = static_cast<WoScale>(scale_kind);
+  a.rows_per_cta = rows;
+  a.tokens_per_cta = tokens;
+#if !defined(JAX_GMMA_HAVE_SM90)
+  return bad("this build has no sm_90a kernels (JAX_GMMA_CUDA_ARCHS lacks 90a)");
+#else
+  if (const char* why = weightonly_check(a)) return bad(why);
+
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess)
+    return ffi::Error::Internal("cudaStreamIsCapturing failed");
+  jax_gmma_count_execution(capture == cudaStreamCaptureStatusActive);
+  if (cudaError_t err = weightonly_run(a, stream); err != cudaSuccess)
+    return ffi::Error::Internal(std::string("jax_gmma: weight-only GEMM launch failed: ") +
+                                cudaGetErrorString(err));
+  return ffi::Error::Success();
+#endif
+}
+
+}  // namespace
+}  // namespace jax_gmma
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxGmmaWeightOnlyGemm, jax_gmma::WeightOnlyGemmImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()  // x
+                                  .Arg<ffi::AnyBuffer>()  // x_scale
+                                  .Arg<ffi::AnyBuffer>()  // w_packed
+                                  .Arg<ffi::AnyBuffer>()  // w_scales
+                                  .Arg<ffi::AnyBuffer>()  // w_global
+                                  .Arg<ffi::AnyBuffer>()  // bias
+                                  .Ret<ffi::AnyBuffer>()  // d
+                                  .Attr<int32_t>("scale_kind")
+                                  .Attr<int32_t>("rows")
+                                  .Attr<int32_t>("tokens")
+                                  .Attr<bool>("has_x_scale")
+                                  .Attr<bool>("has_global")
+                                  .Attr<bool>("has_bias"),
+                              JAX_GMMA_GRAPH_SAFE_TRAITS);
+
+extern "C" __attribute__((visibility("default"))) void* jax_gmma_weightonly_gemm_handler() {
+  return reinterpret_cast<void*>(&JaxGmmaWeightOnlyGemm);
+}

@@ -1,0 +1,352 @@
+"""FP4 weight-only GEMMs on Hopper: NVFP4 / MXFP4 weights times bf16 (or FP8) activations.
+
+Hopper has no FP4 tensor-core instruction. The kernel (``cpp/sm90_fp4_gemm_weightonly.cu``)
+widens the weights to bf16 in registers, applies each block scale exactly, and runs bf16
+``mma.sync`` with float32 accumulation. It is built for decode (small M), where the weight bytes
+are the whole cost: FP4 moves half the bytes of FP8.
+
+Use::
+
+    wp = jax_gmma.weightonly.prepare(w, "nvfp4")      # once: quantize + kernel layout
+    y = jax.jit(jax_gmma.weightonly_gemm)(x, wp)       # x (..., K) bf16 -> y (..., N) bf16
+    y = jax.jit(jax_gmma.dot)(x, wp)                   # the same through dot
+
+**Prepared layout** (``PackedWeight``; written once, dequantizable on any backend with
+:func:`dequantize_packed`). With ``S = N / 16`` row strips and ``KS = Kp / 64`` K steps
+(``Kp`` = K rounded up to 64 with zero weights):
+
+* ``packed`` uint8 ``(S, KS, 512)``: tile (s, j) covers rows ``16s .. 16s+15`` and K
+  ``64j .. 64j+63``. Its 512 bytes are 32 lanes x 4 little-endian uint32 words, lane
+  ``l = 4g + t`` (g in 0..7, t in 0..3), word q in 0..3. Word (g, t, q) holds the e2m1 codes
+  (sign in bit 3) of rows ``r0 = 16s + g``, ``r1 = r0 + 8`` at ``k = 64j + 16t + 4q + kk``:
+  nibble ``p = 3 - h - 2 * (kk // 2) + 4 * (kk % 2)`` holds row ``r_h``, offset ``kk``.
+* ``scales`` uint8 ``(S, KS, 64)`` (NVFP4, a scale per 16 of K) or ``(S, KS, 32)`` (MXFP4, per
+  32): byte ``2 * (8 * b + g) + h`` is the code of the scale of row ``r_h`` and K block ``b``
+  of the tile (b < 4 for NVFP4, b < 2 for MXFP4). A code c is the kernel's bf16 multiplier
+  ``F = scale * 2^116`` in compact form: NVFP4 ``bits(F) = 16 c + 0x7000`` (c = 255: NaN, a
+  poisoned block), MXFP4 ``bits(F) = 128 (c + 116)`` i.e. c is the E8M0 byte (exact for
+  scales 2^-115 .. 2^11; 139 = Inf marks a poisoned block).
+* ``global_scale`` float32 ``(1,)``: NVFP4's per-tensor scale (1.0 for MXFP4).
+
+Block scales are applied exactly: the e2m1 value times its scale has at most 6 significant
+bits, so the bf16 product is exact; the dot product accumulates in float32 (mma.sync).
+"""
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.core import ShapedArray
+from jax.interpreters import mlir
+
+try:  # jax >= 0.4.36
+  from jax.extend.core import Primitive
+except ImportError:  # pragma: no cover
+  from jax.core import Primitive
+from jax._src import dispatch
+
+from . import _backend, shapes
+from .formats import E2M1, E4M3, E5M2, E8M0
+from .quantize import QuantizedArray, _decode, _encode, quantize
+
+WEIGHTONLY_TARGET = "jax_gmma_weightonly_gemm"
+#: Weight formats with a Hopper weight-only kernel.
+FORMATS = ("nvfp4", "mxfp4")
+#: Scale kinds (match jax_gmma::WoScale).
+_SCALE_KIND = {"nvfp4": 0, "mxfp4": 1}
+_BLOCK_K = {"nvfp4": 16, "mxfp4": 32}
+_SCALE_BYTES = {"nvfp4": 64, "mxfp4": 32}
+#: Activation dtypes: bf16, or FP8 (converted to bf16 exactly, with an optional per-token scale).
+X_DTYPES = (shapes.BF16, E4M3, E5M2)
+OUT_DTYPES = (shapes.BF16, shapes.F32)
+TILE_ROWS = 16
+TILE_K = 64
+#: CTA shapes of the kernel (rows per CTA, tokens per CTA).
+ROWS_CHOICES = (16, 32, 64)
+TOKENS_CHOICES = (8, 16)
+
+
+def _nibble_of(h: int, kk: int) -> int:
+  return 3 - h - 2 * (kk // 2) + 4 * (kk % 2)
+
+
+#: _NIBBLE_SRC[p] = index h * 4 + kk of the value stored in nibble p.
+_NIBBLE_SRC = np.array([[h * 4 + kk for h in range(2) for kk in range(4) if _nibble_of(h, kk) == p][0]
+                        for p in range(8)])
+
+
+@jax.tree_util.register_pytree_node_class
+class PackedWeight:
+  """An (N, K) weight in the Hopper weight-only kernel layout (see the module docstring).
+
+  Pytree children: (packed, scales, global_scale); static: (format name, n, k)."""
+
+  __slots__ = ("packed", "scales", "global_scale", "format", "n", "k")
+
+  def __init__(self, packed, scales, global_scale, *, format: str, n: int, k: int):
+    if format not in FORMATS:
+      raise ValueError(f"PackedWeight: format must be one of {FORMATS}, got {format!r}")
+    self.packed, self.scales, self.global_scale = packed, scales, global_scale
+    self.format, self.n, self.k = format, int(n), int(k)
+
+  def tree_flatten(self):
+    return (self.packed, self.scales, self.global_scale), (self.format, self.n, self.k)
+
+  @classmethod
+  def tree_unflatten(cls, aux, children):
+    obj = object.__new__(cls)
+    obj.packed, obj.scales, obj.global_scale = children
+    obj.format, obj.n, obj.k = aux
+    return obj
+
+  @property
+  def padded_k(self) -> int:
+    return -(-self.k // TILE_K) * TILE_K
+
+  @property
+  def nbytes(self) -> int:
+    """Bytes the kernel streams per GEMM (packed codes + scale codes)."""
+    return self.n * self.padded_k // 2 + self.n * self.padded_k // _BLOCK_K[self.format]
+
+  def dequantize(self, dtype=jnp.float32) -> jax.Array:
+    return dequantize_packed(self, dtype)
+
+  def __repr__(self) -> str:
+    return f"PackedWeight(format={self.format!r}, n={self.n}, k={self.k})"
+
+
+# -- preparation ------------------------------------------------------------------------------
+
+def prepare(w, format: Optional[str] = None) -> PackedWeight:
+  """Quantize (if needed) and lay out an (N, K) weight for the Hopper weight-only kernel.
+
+  ``w``: a float (N, K) array (quantized here with ``format``) or a QuantizedArray of format
+  "nvfp4" / "mxfp4" with axis -1 and row-major scales. N must be a multiple of 16; K is padded
+  to a multiple of 64 with zero weights. Runs in JAX (jit-able, any backend)."""
+  who = "jax_gmma.weightonly.prepare"
+  if not isinstance(w, QuantizedArray):
+    if format not in FORMATS:
+      raise ValueError(f"{who}: format must be one of {FORMATS} for a float weight, got {format!r}")
+    w = jnp.asarray(w)
+    if w.ndim != 2:
+      raise ValueError(f"{who}: w must be a 2-D (N, K) weight, got shape {w.shape}")
+    w = quantize(w, format)
+  fmt = w.format.name
+  if format is not None and format != fmt:
+    raise ValueError(f"{who}: w is {fmt}, not {format}")
+  if fmt not in FORMATS:
+    raise ValueError(f"{who}: w has format {fmt!r}; the Hopper weight-only kernel takes {FORMATS}")
+  if w.ndim != 2 or w.axis != 1:
+    raise ValueError(f"{who}: w must be an (N, K) weight quantized along its last axis, got shape "
+                     f"{w.shape}, axis {w.axis}")
+  if w.layout != "rowmajor":
+    raise ValueError(f"{who}: w's scales must be row-major (quantize without layout=), got {w.layout!r}")
+  n, k = w.shape
+  if n % TILE_ROWS:
+    raise ValueError(f"{who}: N = {n} must be a multiple of {TILE_ROWS} (rows of the kernel's tile)")
+  scales = w.scales
+  if fmt == "mxfp4" and not isinstance(scales, jax.core.Tracer):
+    u = np.asarray(jax.device_get(scales)).view(np.uint8)
+    bad = (u > 138) & (u != 255)
+    if bad.any():
+      raise ValueError(f"{who}: {int(bad.sum())} MXFP4 block scales exceed 2^11, the kernel's exact "
+                       "range (weights larger than 12288)")
+  packed, codes = _prepare_impl(w.data, scales, fmt, n, k)
+  g = w.global_scale if w.global_scale is not None else jnp.ones((), jnp.float32)
+  return PackedWeight(packed, codes, jnp.reshape(g, (1,)).astype(jnp.float32), format=fmt, n=n, k=k)
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3, 4))
+def _prepare_impl(data, scales, fmt: str, n: int, k: int):
+  kp = -(-k // TILE_K) * TILE_K
+  bk = _BLOCK_K[fmt]
+  s_, ks = n // TILE_ROWS, kp // TILE_K
+  codes = _encode(data.astype(jnp.float32)[:, :k], E2M1, 4)  # (N, K) uint32
+  sc = scales
+  if sc.shape[1] * bk < kp:  # pad the scale blocks to Kp (zero weights there)
+    pad_val = jnp.asarray(1.0, jnp.float32).astype(sc.dtype)
+    sc = jnp.concatenate([sc, jnp.full((n, kp // bk - sc.shape[1]), pad_val, sc.dtype)], axis=1)
+  sc = sc[:, :kp // bk]
+  if fmt == "nvfp4":
+    s32 = sc.astype(jnp.float32)
+    f = (s32 * np.float32(2.0 ** 116)).astype(jnp.bfloat16)
+    bits = jax.lax.bitcast_convert_type(f, jnp.uint16).astype(jnp.int32)
+    c = (bits >> 4) - 0x700
+    zero = s32 == 0
+    c = jnp.where(zero, 0, jnp.where(jnp.isnan(s32), 255, c))
+    # A zero scale means a zero block: zero its codes so the (nonzero) multiplier is harmless.
+    codes = jnp.where(jnp.repeat(zero, bk, axis=1)[:, :k], 0, codes)
+  else:
+    u = jax.lax.bitcast_convert_type(sc, jnp.uint8).astype(jnp.int32)
+    c = jnp.where(u == 255, 139, jnp.minimum(u, 138))
+  codes = jnp.pad(codes, ((0, 0), (0, kp - k)))
+  # (s, h, g, j, t, q, kk) -> (s, j, g, t, q, h*4+kk) -> nibble order p.
+  c7 = codes.reshape(s_, 2, 8, ks, 4, 4, 4).transpose(0, 3, 2, 4, 5, 1, 6).reshape(s_, ks, 8, 4, 4, 8)
+  nib = c7[..., _NIBBLE_SRC]
+  words = jnp.zeros(nib.shape[:-1], jnp.uint32)
+  for p in range(8):
+    words = words | (nib[..., p].astype(jnp.uint32) << (4 * p))
+  packed = jax.lax.bitcast_convert_type(words, jnp.uint8).reshape(s_, ks, 512)
+  nb = TILE_K // bk  # scale blocks per tile
+  cc = c.astype(jnp.uint8).reshape(s_, 2, 8, ks, nb).transpose(0, 3, 4, 2, 1).reshape(s_, ks, nb * 16)
+  return packed, cc
+
+
+# -- dequantization (the reference) -----------------------------------------------------------
+
+def dequantize_packed(wp: PackedWeight, dtype=jnp.float32) -> jax.Array:
+  """The (N, K) weight a PackedWeight holds, in float32 (then ``dtype``); any backend."""
+  return _dequant_impl(wp.packed, wp.scales, wp.global_scale, wp.format, wp.n, wp.k).astype(dtype)
+
+
+def _scale_values(codes, fmt: str):
+  """float32 block scales (times 2^116, i.e. F) from the kernel's scale codes."""
+  c = codes.astype(jnp.uint32)
+  if fmt == "nvfp4":
+    bits = c * 16 + 0x7000
+  else:
+    bits = (c + 116) * 128
+  f = jax.lax.bitcast_convert_type(bits.astype(jnp.uint16), jnp.bfloat16).astype(jnp.float32)
+  return f * np.float32(2.0 ** -116)
+
+
+@functools.partial(jax.jit, static_argnums=(3, 4, 5))
+def _dequant_impl(packed, codes, global_scale, fmt: str, n: int, k: int):
+  s_, ks = packed.shape[:2]
+  kp = ks * TILE_K
+  bk = _BLOCK_K[fmt]
+  words = jax.lax.bitcast_convert_type(packed.reshape(s_, ks, 8, 4, 4, 4), jnp.uint32)
+  nib = jnp.stack([(words >> (4 * p)) & 0xF for p in range(8)], axis=-1)  # (s, ks, g, t, q, p)
+  inv = np.argsort(_NIBBLE_SRC)  # (h*4+kk) -> p
+  vals = nib[..., inv].reshape(s_, ks, 8, 4, 4, 2, 4)                     # (s, j, g, t, q, h, kk)
+  vals = vals.transpose(0, 5, 2, 1, 3, 4, 6).reshape(n, kp)               # (s, h, g, j, t, q, kk)
+  w = _decode(vals, E2M1, 4)
+  nb = TILE_K // bk
+  sc = codes.reshape(s_, ks, nb, 8, 2).transpose(0, 4, 3, 1, 2).reshape(n, kp // bk)
+  sv = _scale_values(sc, fmt)
+  w = w * jnp.repeat(sv, bk, axis=1)
+  return (w * global_scale.reshape(()))[:, :k]
+
+
+def weightonly_reference(x, x_scale, packed, scales, global_scale, bias, *, fmt, n, k, out_dtype,
+                         has_x_scale, has_bias, **_unused):
+  """float32 reference of the kernel: x (M, Kp) bf16 times the dequantized weight."""
+  w = _dequant_impl(packed, scales, global_scale, fmt, n, k)
+  kp = x.shape[1]
+  w = jnp.pad(w, ((0, 0), (0, kp - k)))
+  acc = jax.lax.dot_general(x.astype(jnp.float32), w, (((1,), (1,)), ((), ())),
+                            precision=jax.lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
+  if has_x_scale:
+    acc = acc * x_scale.astype(jnp.float32).reshape(-1, 1)
+  if has_bias:
+    acc = acc + bias.astype(jnp.float32).reshape(1, -1)
+  return acc.astype(out_dtype)
+
+
+# -- the primitive ----------------------------------------------------------------------------
+
+weightonly_gemm_p = Primitive("jax_gmma_weightonly_gemm")
+weightonly_gemm_p.def_impl(functools.partial(dispatch.apply_primitive, weightonly_gemm_p))
+weightonly_gemm_p.def_abstract_eval(
+    lambda x, *_, n, out_dtype, **__: ShapedArray((x.shape[0], n), out_dtype))
+mlir.register_lowering(weightonly_gemm_p,
+                       mlir.lower_fun(weightonly_reference, multiple_results=False))
+
+
+def _cuda_lowering(ctx, x, x_scale, packed, scales, global_scale, bias, *, fmt, n, k, out_dtype,
+                   has_x_scale, has_bias, rows, tokens):
+  params = dict(fmt=fmt, n=n, k=k, out_dtype=out_dtype, has_x_scale=has_x_scale,
+                has_bias=has_bias, rows=rows, tokens=tokens)
+  dev = _backend.check_cuda_kernels("weightonly_gemm")
+  if dev is None:
+    return mlir.lower_fun(weightonly_reference, multiple_results=False)(
+        ctx, x, x_scale, packed, scales, global_scale, bias, **params)
+  _backend.register_targets()
+  rule = jax.ffi.ffi_lowering(WEIGHTONLY_TARGET)
+  return rule(ctx, x, x_scale, packed, scales, global_scale, bias,
+              scale_kind=np.int32(_SCALE_KIND[fmt]), rows=np.int32(rows), tokens=np.int32(tokens),
+              has_x_scale=bool(has_x_scale), has_global=fmt == "nvfp4", has_bias=bool(has_bias))
+
+
+mlir.register_lowering(weightonly_gemm_p, _cuda_lowering, platform="cuda")
+
+
+def pick_tile(m: int, n: int) -> tuple:
+  """(rows per CTA, tokens per CTA) the kernel uses for (M, N) (mirrors weightonly_pick)."""
+  tokens = 8 if m <= 8 else 16
+  rows = 16 if m <= 8 else (32 if m <= 16 else 64)
+  while rows > 16 and n % rows:
+    rows //= 2
+  return rows, tokens
+
+
+def weightonly_gemm(x, w: PackedWeight, *, x_scale=None, bias=None, out_dtype=None,
+                    rows: Optional[int] = None, tokens: Optional[int] = None):
+  """``out = x_scale * (x @ dequantize(w).T) + bias`` with FP4 weights (Hopper kernel).
+
+  Args:
+    x: (..., K) bfloat16 activations, or float8_e4m3fn / float8_e5m2 (widened to bf16 exactly;
+      pass their dequantization scale as ``x_scale``).
+    w: a :class:`PackedWeight` from :func:`prepare` (NVFP4 or MXFP4, N x K).
+    x_scale: None, a scalar or (..., M) per-token float32 scales.
+    bias: optional (N,), added in float32.
+    out_dtype: bfloat16 (default) or float32.
+    rows, tokens: force the kernel's CTA shape (rows in 16/32/64, tokens in 8/16).
+
+  The kernel is built for decode (M up to 16, where it streams the weights at HBM speed); it
+  is correct for any M but re-reads the weights per 16 tokens, so large M is slow.
+  """
+  who = "jax_gmma.weightonly_gemm"
+  if not isinstance(w, PackedWeight):
+    raise TypeError(f"{who}: w must be a PackedWeight (jax_gmma.weightonly.prepare(w, 'nvfp4')), "
+                    f"got {type(w).__name__}")
+  x = jnp.asarray(x)
+  xdt = np.dtype(x.dtype)
+  if xdt not in X_DTYPES:
+    raise TypeError(f"{who}: x must be bfloat16, float8_e4m3fn or float8_e5m2, got {xdt.name} "
+                    "(cast float32/float16 activations to bfloat16 explicitly)")
+  if x.ndim < 1 or x.shape[-1] != w.k:
+    raise ValueError(f"{who}: x must be (..., K) with K = {w.k} (w's K), got shape {x.shape}")
+  lead = x.shape[:-1]
+  m = int(np.prod(lead)) if lead else 1
+  if m == 0:
+    raise ValueError(f"{who}: x has a zero-size dimension: {x.shape}")
+  out_dtype = shapes.BF16 if out_dtype is None else np.dtype(jnp.dtype(out_dtype))
+  if out_dtype not in OUT_DTYPES:
+    raise TypeError(f"{who}: out_dtype must be bfloat16 or float32, got {out_dtype.name}")
+  prow, ptok = pick_tile(m, w.n)
+  rows = prow if rows is None else rows
+  tokens = ptok if tokens is None else tokens
+  if rows not in ROWS_CHOICES or w.n % rows:
+    raise ValueError(f"{who}: rows must be one of {ROWS_CHOICES} and divide N = {w.n}, got {rows}")
+  if tokens not in TOKENS_CHOICES:
+    raise ValueError(f"{who}: tokens must be one of {TOKENS_CHOICES}, got {tokens}")
+  x2 = x.reshape(m, w.k)
+  if xdt != shapes.BF16:
+    x2 = x2.astype(jnp.bfloat16)  # exact for e4m3 / e5m2
+  kp = w.padded_k
+  if kp != w.k:
+    x2 = jnp.pad(x2, ((0, 0), (0, kp - w.k)))
+  if x_scale is not None:
+    xs = jnp.asarray(x_scale, jnp.float32).reshape(-1)
+    if xs.size == 1:
+      xs = jnp.broadcast_to(xs, (m,))
+    if xs.shape != (m,):
+      raise ValueError(f"{who}: x_scale must be a scalar or have {m} elements (one per token), "
+                       f"got shape {jnp.shape(x_scale)}")
+  else:
+    xs = jnp.ones((1,), jnp.float32)
+  if bias is not None:
+    b = jnp.asarray(bias)
+    if b.shape != (w.n,):
+      raise ValueError(f"{who}: bias must have shape ({w.n},), got {b.shape}")
+    b = b.astype(out_dtype)
+  else:
+    b = jnp.zeros((1,), out_dtype)
+  out = weightonly_gemm_p.bind(x2, xs, w.packed, w.scales, w.global_scale, b, fmt=w.format, n=w.n,
+                               k=w.k, out_dtype=out_dtype, has_x_scale=x_scale is not None,
+                               has_bias=bias is not None, rows=int(rows), tokens=int(tokens))
+  return out.reshape(*lead, w.n)
