@@ -67,9 +67,17 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   return d;
 }
 
-// Nibbles at bits [15:12] and [31:28] of q -> bf16x2 of value * 2^-126 (see the header).
-__device__ __forceinline__ uint32_t e2m1x2_raw(uint32_t q) {
-  return (q & 0x80008000u) | ((q >> 6) & 0x01C001C0u);
+// e2m1 pair -> bf16x2 of (value * 2^-126): sign at bit 15 (31), magnitude e1 e0 m at bits 8..6
+// (24..22). The prepared layout puts the four pairs of a word where the cheapest extraction
+// finds them: pair 0 in place, pairs 1 and 2 one rotate away, pair 3 split (see the layout
+// table in jax_gmma/weightonly.py).
+constexpr uint32_t kPairMask = 0x81C081C0u;
+__device__ __forceinline__ uint32_t e2m1_pair0(uint32_t w) { return w & kPairMask; }
+__device__ __forceinline__ uint32_t e2m1_pair1(uint32_t w) { return __funnelshift_l(w, w, 3) & kPairMask; }
+__device__ __forceinline__ uint32_t e2m1_pair2(uint32_t w) { return __funnelshift_l(w, w, 6) & kPairMask; }
+__device__ __forceinline__ uint32_t e2m1_pair3(uint32_t w) {
+  // e1 e0 at bits 14..13 (30..29), m at 10 (26), sign at 11 (27).
+  return ((w >> 6) & 0x01800180u) | ((w >> 4) & 0x00400040u) | ((w << 4) & 0x80008000u);
 }
 
 __device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
@@ -109,8 +117,9 @@ __device__ __forceinline__ float from_float<float>(float v) { return v; }
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 
-template <int RS, int NT, WoScale S, typename OutT>
+template <int RS, int NT, WoScale S, typename OutT, int D>
 __global__ void __launch_bounds__(kWarps * 32) wo_gemm_kernel(const WoParams p) {
+  static_assert(D % 2 == 0, "the activation double buffer is indexed by step parity");
   constexpr int kScaleBytes = S == WoScale::kNv16 ? 64 : 32;
   constexpr int kRows = RS * 16, kCols = NT * 8;
   __shared__ float red[kWarps][kCols][kRows];
@@ -124,13 +133,12 @@ __global__ void __launch_bounds__(kWarps * 32) wo_gemm_kernel(const WoParams p) 
   const uint8_t* wbase = p.w + strip0 * ksteps * kTileBytes + lane * 16;
   const uint8_t* sbase = p.s + strip0 * ksteps * kScaleBytes + sc_off;
 
+  // Token rows past M load row M - 1: their output columns are computed but never stored.
   const __nv_bfloat16* xrow[NT];
-  bool xok[NT];
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
     const int64_t tok = tok0 + nt * 8 + g;
-    xok[nt] = tok < p.m;
-    xrow[nt] = p.x + (xok[nt] ? tok : 0) * p.k + 16 * t;
+    xrow[nt] = p.x + (tok < p.m ? tok : p.m - 1) * p.k + 16 * t;
   }
 
   float acc[RS][NT][4];
@@ -141,65 +149,76 @@ __global__ void __launch_bounds__(kWarps * 32) wo_gemm_kernel(const WoParams p) 
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[r][nt][i] = 0.f;
 
-  uint4 wv[RS], wn[RS];
-  uint32_t sv[RS], sn[RS];
-  uint4 xv[NT][2], xn[NT][2];
-  auto load = [&](int64_t j, uint4 (&w)[RS], uint32_t (&s)[RS], uint4 (&x)[NT][2]) {
+  // This warp's K steps are warp, warp + kWarps, ...: step i of the warp is K step
+  // warp + i * kWarps. Weights and scales run D steps ahead in a register ring, the
+  // activations (L2-resident) one step ahead.
+  const int64_t nsteps = ksteps > warp ? (ksteps - warp + kWarps - 1) / kWarps : 0;
+  uint4 wr[D][RS];
+  uint32_t sr[D][RS];
+  uint4 xr[2][NT][2];
+  auto load_w = [&](int64_t i, uint4 (&w)[RS], uint32_t (&s)[RS]) {
+    const int64_t j = warp + i * kWarps;
 #pragma unroll
     for (int r = 0; r < RS; ++r) {
       w[r] = ld_stream(wbase + (r * ksteps + j) * kTileBytes);
       s[r] = ld_u16(sbase + (r * ksteps + j) * kScaleBytes);
     }
+  };
+  auto load_x = [&](int64_t i, uint4 (&x)[NT][2]) {
+    const int64_t j = warp + i * kWarps;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
-      if (xok[nt]) {
-        const uint4* px = reinterpret_cast<const uint4*>(xrow[nt] + j * 64);
-        x[nt][0] = __ldg(px);
-        x[nt][1] = __ldg(px + 1);
-      } else {
-        x[nt][0] = make_uint4(0, 0, 0, 0);
-        x[nt][1] = make_uint4(0, 0, 0, 0);
-      }
+      const uint4* px = reinterpret_cast<const uint4*>(xrow[nt] + j * 64);
+      x[nt][0] = __ldg(px);
+      x[nt][1] = __ldg(px + 1);
     }
   };
+#pragma unroll
+  for (int u = 0; u < D; ++u)
+    if (u < nsteps) load_w(u, wr[u], sr[u]);
+  if (nsteps > 0) load_x(0, xr[0]);
 
-  int64_t j = warp;
-  if (j < ksteps) load(j, wv, sv, xv);
-  for (; j < ksteps; j += kWarps) {
-    const int64_t jn = j + kWarps;
-    if (jn < ksteps) load(jn, wn, sn, xn);
+  auto step = [&](int u) {
 #pragma unroll
     for (int r = 0; r < RS; ++r) {
-      const uint32_t f_lo = scale_pair<S>(sv[r], 0x4040u);  // row g
-      const uint32_t f_hi = scale_pair<S>(sv[r], 0x4141u);  // row g + 8
-      const uint32_t words[4] = {wv[r].x, wv[r].y, wv[r].z, wv[r].w};
+      const uint32_t f_lo = scale_pair<S>(sr[u][r], 0x4040u);  // row g
+      const uint32_t f_hi = scale_pair<S>(sr[u][r], 0x4141u);  // row g + 8
+      const uint32_t words[4] = {wr[u][r].x, wr[u][r].y, wr[u][r].z, wr[u][r].w};
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
         const uint32_t w = words[q];
-        const uint32_t a0 = mul_bf16x2(e2m1x2_raw(w), f_lo);
-        const uint32_t a1 = mul_bf16x2(e2m1x2_raw(w << 4), f_hi);
-        const uint32_t a2 = mul_bf16x2(e2m1x2_raw(w << 8), f_lo);
-        const uint32_t a3 = mul_bf16x2(e2m1x2_raw(w << 12), f_hi);
+        const uint32_t a0 = mul_bf16x2(e2m1_pair0(w), f_lo);  // row g,     k 4q + 0, 1
+        const uint32_t a1 = mul_bf16x2(e2m1_pair1(w), f_hi);  // row g + 8, k 4q + 0, 1
+        const uint32_t a2 = mul_bf16x2(e2m1_pair2(w), f_lo);  // row g,     k 4q + 2, 3
+        const uint32_t a3 = mul_bf16x2(e2m1_pair3(w), f_hi);  // row g + 8, k 4q + 2, 3
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
-          const uint4& xb = xv[nt][q >> 1];
+          const uint4& xb = xr[u & 1][nt][q >> 1];
           const uint32_t b0 = (q & 1) ? xb.z : xb.x;
           const uint32_t b1 = (q & 1) ? xb.w : xb.y;
           mma_bf16(acc[r][nt], a0, a1, a2, a3, b0, b1);
         }
       }
     }
-    if (jn < ksteps) {
+  };
+  // Whole groups of D steps: no per-step guards except on the prefetches.
+  int64_t i0 = 0;
+  for (; i0 + D <= nsteps; i0 += D) {
 #pragma unroll
-      for (int r = 0; r < RS; ++r) {
-        wv[r] = wn[r];
-        sv[r] = sn[r];
-      }
+    for (int u = 0; u < D; ++u) {
+      const int64_t i = i0 + u;
+      if (i + 1 < nsteps) load_x(i + 1, xr[(u + 1) & 1]);
+      step(u);
+      if (i + D < nsteps) load_w(i + D, wr[u], sr[u]);
+    }
+  }
+  // The last nsteps % D steps (already loaded into ring slots 0 .. nsteps % D - 1).
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        xv[nt][0] = xn[nt][0];
-        xv[nt][1] = xn[nt][1];
-      }
+  for (int u = 0; u < D - 1; ++u) {
+    const int64_t i = i0 + u;
+    if (i < nsteps) {
+      if (i + 1 < nsteps) load_x(i + 1, xr[(u + 1) & 1]);
+      step(u);
     }
   }
 
@@ -234,7 +253,11 @@ __global__ void __launch_bounds__(kWarps * 32) wo_gemm_kernel(const WoParams p) 
   }
 }
 
-template <int RS, int NT, WoScale S, typename OutT>
+#ifndef JAX_GMMA_WO_DEPTH
+#define JAX_GMMA_WO_DEPTH 4  // weight prefetch depth (K steps of 64 in flight per warp)
+#endif
+
+template <int RS, int NT, WoScale S, typename OutT, int D = JAX_GMMA_WO_DEPTH>
 cudaError_t launch(const WoArgs& a, cudaStream_t stream) {
   WoParams p{a.m,
              a.n,
@@ -248,7 +271,7 @@ cudaError_t launch(const WoArgs& a, cudaStream_t stream) {
              a.d};
   const dim3 grid(static_cast<unsigned>(a.n / (16 * RS)),
                   static_cast<unsigned>((a.m + NT * 8 - 1) / (NT * 8)));
-  wo_gemm_kernel<RS, NT, S, OutT><<<grid, kWarps * 32, 0, stream>>>(p);
+  wo_gemm_kernel<RS, NT, S, OutT, D><<<grid, kWarps * 32, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
@@ -275,10 +298,11 @@ void resolve(const WoArgs& a, int* rows, int* tokens) {
 }  // namespace
 
 int32_t weightonly_pick(int64_t m, int64_t n, int64_t /*k*/) {
-  // One 8-token tile up to M = 8, then 16-token tiles. More rows per CTA amortize the
-  // activation reads (each CTA reads its tokens' whole K) once there are several tokens.
+  // Measured on the H200 (tools/bench_weightonly_kernel.cu): one 16-row strip and 8 tokens per
+  // CTA up to M = 8; 16 tokens beyond, with 32-row CTAs (half the activation reads per weight
+  // byte) once that still leaves a full wave of CTAs, and 64 rows for prefill-sized M.
   const int tokens = m <= 8 ? 8 : 16;
-  int rows = m <= 8 ? 16 : (m <= 16 ? 32 : 64);
+  int rows = m <= 8 ? 16 : (m <= 16 ? (n / 32 >= 132 ? 32 : 16) : 64);
   while (rows > 16 && n % rows != 0) rows /= 2;
   return rows * 100 + tokens;
 }

@@ -17,9 +17,18 @@ Use::
 
 * ``packed`` uint8 ``(S, KS, 512)``: tile (s, j) covers rows ``16s .. 16s+15`` and K
   ``64j .. 64j+63``. Its 512 bytes are 32 lanes x 4 little-endian uint32 words, lane
-  ``l = 4g + t`` (g in 0..7, t in 0..3), word q in 0..3. Word (g, t, q) holds the e2m1 codes
-  (sign in bit 3) of rows ``r0 = 16s + g``, ``r1 = r0 + 8`` at ``k = 64j + 16t + 4q + kk``:
-  nibble ``p = 3 - h - 2 * (kk // 2) + 4 * (kk % 2)`` holds row ``r_h``, offset ``kk``.
+  ``l = 4g + t`` (g in 0..7, t in 0..3), word q in 0..3. Word (g, t, q) holds the eight e2m1
+  codes (sign s, magnitude bits c2 c1 c0) of rows ``r0 = 16s + g``, ``r1 = r0 + 8`` at
+  ``k = 64j + 16t + 4q + kk`` (kk in 0..3) as four bf16x2 pairs ``i = h + 2 * (kk // 2)``
+  (row ``r_h``), half ``kk % 2``, at these bit positions (s, c2, c1, c0)::
+
+      pair 0: (15, 8, 7, 6)    | (31, 24, 23, 22)    extracted as w & 0x81C081C0
+      pair 1: (12, 5, 4, 3)    | (28, 21, 20, 19)    rotl(w, 3) & 0x81C081C0
+      pair 2: ( 9, 2, 1, 0)    | (25, 18, 17, 16)    rotl(w, 6) & 0x81C081C0
+      pair 3: (11, 14, 13, 10) | (27, 30, 29, 26)    three shifts and masks
+
+  (0x81C081C0 puts each code's sign at bf16 bit 15 and its magnitude at bits 8..6: the bf16
+  number value * 2^-126.)
 * ``scales`` uint8 ``(S, KS, 64)`` (NVFP4, a scale per 16 of K) or ``(S, KS, 32)`` (MXFP4, per
   32): byte ``2 * (8 * b + g) + h`` is the code of the scale of row ``r_h`` and K block ``b``
   of the tile (b < 4 for NVFP4, b < 2 for MXFP4). A code c is the kernel's bf16 multiplier
@@ -69,13 +78,14 @@ ROWS_CHOICES = (16, 32, 64)
 TOKENS_CHOICES = (8, 16)
 
 
-def _nibble_of(h: int, kk: int) -> int:
-  return 3 - h - 2 * (kk // 2) + 4 * (kk % 2)
-
-
-#: _NIBBLE_SRC[p] = index h * 4 + kk of the value stored in nibble p.
-_NIBBLE_SRC = np.array([[h * 4 + kk for h in range(2) for kk in range(4) if _nibble_of(h, kk) == p][0]
-                        for p in range(8)])
+#: Bit positions (sign, c2, c1, c0) of value (h, kk) of a word, indexed [h * 4 + kk].
+_BITS = {}
+for _h in range(2):
+  for _kk in range(4):
+    _pair, _half = _h + 2 * (_kk // 2), _kk % 2
+    _lo = {0: (15, 8, 7, 6), 1: (12, 5, 4, 3), 2: (9, 2, 1, 0), 3: (11, 14, 13, 10)}[_pair]
+    _BITS[_h * 4 + _kk] = tuple(b + 16 * _half for b in _lo)
+assert sorted(b for v in _BITS.values() for b in v) == list(range(32))
 
 
 @jax.tree_util.register_pytree_node_class
@@ -183,12 +193,13 @@ def _prepare_impl(data, scales, fmt: str, n: int, k: int):
     u = jax.lax.bitcast_convert_type(sc, jnp.uint8).astype(jnp.int32)
     c = jnp.where(u == 255, 139, jnp.minimum(u, 138))
   codes = jnp.pad(codes, ((0, 0), (0, kp - k)))
-  # (s, h, g, j, t, q, kk) -> (s, j, g, t, q, h*4+kk) -> nibble order p.
+  # (s, h, g, j, t, q, kk) -> (s, j, g, t, q, h*4+kk), then each code's 4 bits to _BITS.
   c7 = codes.reshape(s_, 2, 8, ks, 4, 4, 4).transpose(0, 3, 2, 4, 5, 1, 6).reshape(s_, ks, 8, 4, 4, 8)
-  nib = c7[..., _NIBBLE_SRC]
-  words = jnp.zeros(nib.shape[:-1], jnp.uint32)
-  for p in range(8):
-    words = words | (nib[..., p].astype(jnp.uint32) << (4 * p))
+  words = jnp.zeros(c7.shape[:-1], jnp.uint32)
+  for v, pos in _BITS.items():
+    code = c7[..., v].astype(jnp.uint32)
+    for src, dst in zip((3, 2, 1, 0), pos):
+      words = words | (((code >> src) & 1) << dst)
   packed = jax.lax.bitcast_convert_type(words, jnp.uint8).reshape(s_, ks, 512)
   nb = TILE_K // bk  # scale blocks per tile
   cc = c.astype(jnp.uint8).reshape(s_, 2, 8, ks, nb).transpose(0, 3, 4, 2, 1).reshape(s_, ks, nb * 16)
@@ -219,9 +230,13 @@ def _dequant_impl(packed, codes, global_scale, fmt: str, n: int, k: int):
   kp = ks * TILE_K
   bk = _BLOCK_K[fmt]
   words = jax.lax.bitcast_convert_type(packed.reshape(s_, ks, 8, 4, 4, 4), jnp.uint32)
-  nib = jnp.stack([(words >> (4 * p)) & 0xF for p in range(8)], axis=-1)  # (s, ks, g, t, q, p)
-  inv = np.argsort(_NIBBLE_SRC)  # (h*4+kk) -> p
-  vals = nib[..., inv].reshape(s_, ks, 8, 4, 4, 2, 4)                     # (s, j, g, t, q, h, kk)
+  elems = []
+  for v in range(8):
+    code = jnp.zeros(words.shape, jnp.uint32)
+    for src, dst in zip((3, 2, 1, 0), _BITS[v]):
+      code = code | (((words >> dst) & 1) << src)
+    elems.append(code)
+  vals = jnp.stack(elems, axis=-1).reshape(s_, ks, 8, 4, 4, 2, 4)        # (s, j, g, t, q, h, kk)
   vals = vals.transpose(0, 5, 2, 1, 3, 4, 6).reshape(n, kp)               # (s, h, g, j, t, q, kk)
   w = _decode(vals, E2M1, 4)
   nb = TILE_K // bk
@@ -277,7 +292,7 @@ mlir.register_lowering(weightonly_gemm_p, _cuda_lowering, platform="cuda")
 def pick_tile(m: int, n: int) -> tuple:
   """(rows per CTA, tokens per CTA) the kernel uses for (M, N) (mirrors weightonly_pick)."""
   tokens = 8 if m <= 8 else 16
-  rows = 16 if m <= 8 else (32 if m <= 16 else 64)
+  rows = 16 if m <= 8 else ((32 if n // 32 >= 132 else 16) if m <= 16 else 64)
   while rows > 16 and n % rows:
     rows //= 2
   return rows, tokens

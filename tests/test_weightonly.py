@@ -56,8 +56,10 @@ def test_layout_bit_positions():
       for qq in range(4):
         for h in range(2):
           for kk in range(4):
-            p = 3 - h - 2 * (kk // 2) + 4 * (kk % 2)
-            got = (int(words[g, t, qq]) >> (4 * p)) & 0xF
+            pair, half = h + 2 * (kk // 2), kk % 2
+            pos = {0: (15, 8, 7, 6), 1: (12, 5, 4, 3), 2: (9, 2, 1, 0), 3: (11, 14, 13, 10)}[pair]
+            got = sum(((int(words[g, t, qq]) >> (b + 16 * half)) & 1) << (3 - i)
+                      for i, b in enumerate(pos))
             want = data_codes[g + 8 * h, 16 * t + 4 * qq + kk]
             assert got == want, (g, t, qq, h, kk)
 
@@ -119,6 +121,7 @@ def test_pick_tile():
   assert wo.pick_tile(1, 8192) == (16, 8)
   assert wo.pick_tile(16, 8192) == (32, 16)
   assert wo.pick_tile(16, 16 * 3) == (16, 16)
+  assert wo.pick_tile(16, 4096) == (16, 16)
   assert wo.pick_tile(4096, 28672) == (64, 16)
 
 
