@@ -13,6 +13,34 @@
 
 #include "sm1xx_mx_gemm_blockscaled.cuh"
 
+// Issue #5 (host stub "__wrapper__device_stub_device_kernel<...> does not match any template
+// declaration" with nvcc 13.0 + GCC 12): CUTLASS's sm120 block-scaled builder takes the scale
+// vector size from blockscaled_type<Tag, Element>::SfVectorSize, a uint32_t, and builds the scale
+// factor smem layouts from `Int<SFVectorSize>` inside the (dependent) builder. GCC 12 does not
+// convert that argument to Int's `int` parameter when it is used inside another template
+// argument (looks like GCC PR c++/112632, fixed for GCC 14; not tried here), so on the host
+// C<32u> (and C<1u> = C<128>/C<32u>/C<4>) end up in the GemmKernel type, while nvcc's front end
+// (EDG) sees C<32> / C<1>. cudafe spells the kernel's Params type out in the host stub the EDG
+// way, and GCC rejects the stub. sm100 is unaffected (its builder uses an int vector size);
+// -static-global-template-stub=false does not help (same stub). Fix: for the sm120 schedules we
+// build, the same traits with an `int` vector size, so both compilers agree on C<32> (C<16> for
+// NVFP4). More specialized than CUTLASS's own; same values; the device code is unchanged.
+namespace cutlass::gemm::collective::detail::blockscaled {
+#define JAX_GMMA_SM120_INT_SFVEC(Tag, Wrapper, SF, Vec)                         \
+  template <class T>                                                          \
+  struct blockscaled_type<cutlass::gemm::Tag, cutlass::Wrapper<T>> {          \
+    using sf_type = SF;                                                       \
+    using data_type = T;                                                      \
+    static constexpr int SfVectorSize = Vec;                                  \
+  };
+JAX_GMMA_SM120_INT_SFVEC(KernelTmaWarpSpecializedMxf8f6f4Sm120, mx_float8_t, cutlass::float_ue8m0_t, 32)
+JAX_GMMA_SM120_INT_SFVEC(KernelTmaWarpSpecializedMxf8f6f4Sm120, mx_float6_t, cutlass::float_ue8m0_t, 32)
+JAX_GMMA_SM120_INT_SFVEC(KernelTmaWarpSpecializedMxf8f6f4Sm120, mx_float4_t, cutlass::float_ue8m0_t, 32)
+JAX_GMMA_SM120_INT_SFVEC(KernelTmaWarpSpecializedMxf4Sm120, mx_float4_t, cutlass::float_ue8m0_t, 32)
+JAX_GMMA_SM120_INT_SFVEC(KernelTmaWarpSpecializedNvf4Sm120, nv_float4_t, cutlass::float_ue4m3_t, 16)
+#undef JAX_GMMA_SM120_INT_SFVEC
+}  // namespace cutlass::gemm::collective::detail::blockscaled
+
 namespace jax_gmma::sm1xx_mx {
 
 namespace sm120 {

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Compiles Blackwell block-scaled translation units to object files, one nvcc at a time, and
-# prints each one's wall time and peak memory (GNU time). No GPU needed. Used by CI (a subset:
-# one TU per arch, then tests/test_mx_sass.py on the objects) and to measure the build cost.
+# Compiles Blackwell block-scaled translation units (sm_100a and sm_120a) to object files, one
+# nvcc at a time, prints each one's wall time and peak memory (GNU time), then checks the
+# objects' SASS (tools/check_sass.py: each kernel's arch's block-scaled MMAs -- UTC*MMA with
+# scale-factor operands on sm_100a, QMMA/OMMA.SF on sm_120a -- TMA, no fallback, no spills;
+# skipped without cuobjdump). No GPU needed. Used by CI (a subset, then tests/test_mx_sass.py on
+# the objects) and to measure the build cost.
 #   tools/compile_blackwell.sh OUTDIR [TU.cu ...]     (default: every sm100/sm120 TU)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,6 +14,7 @@ mkdir -p "$out"
 tus=("$@")
 if [ ${#tus[@]} -eq 0 ]; then tus=(cpp/sm100_mx_gemm_blockscaled_*.cu cpp/sm120_mx_gemm_blockscaled_*.cu); fi
 cutlass=$(python3 -c "import cutlass_library, os; print(os.path.join(os.path.dirname(cutlass_library.__file__), 'source'))")
+objs=()
 for tu in "${tus[@]}"; do
   base=$(basename "$tu" .cu)
   case "$base" in
@@ -22,4 +26,6 @@ for tu in "${tus[@]}"; do
     nvcc -std=c++17 -O3 -DNDEBUG --expt-relaxed-constexpr -Xcompiler=-fPIC $gencode \
       -Icpp/include -I"$cutlass/include" -I"$cutlass/tools/util/include" -c "$tu" -o "$out/$base.o"
   cat "$out/$base.time"
+  objs+=("$out/$base.o")
 done
+python3 tools/check_sass.py "${objs[@]}"
