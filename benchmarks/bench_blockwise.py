@@ -59,8 +59,11 @@ Suites
           jax.nn.scaled_matmul.
   quant   jax_gmma.quantize of a 4096x7168 bf16 activation to fp8_1x128 (jitted, L2-rotated) vs
           the 4096xNx7168 block-scaled GEMM it feeds, N in (2112, 7168, 24576). Bar: quantize
-          <= 15% of the GEMM. Also: the per-token (fp8_channel) quantize, and quantize + GEMM
-          in one jitted function (what XLA makes of the pair).
+          <= 15% of the GEMM. On a Hopper GPU quantize runs the CUDA kernel
+          (jax_gmma.quantize_kernel; "path" says which ran, and its output is checked bit for bit
+          against the pure-JAX path); there the pure-JAX path (quantize(..., use_kernel=False))
+          is timed too, as quantize_1x128_jax. Also: the per-token (fp8_channel) quantize, and
+          quantize + GEMM in one jitted function (what XLA makes of the pair).
   smoke   tiny shapes of the three above (4-step chains): plumbing, also on CPU (ours is the
           pure-JAX reference there; set JAX_GMMA_ALLOW_REFERENCE=1 to allow it on a GPU without
           kernels). < 1 min.
@@ -107,12 +110,17 @@ from jax import lax  # noqa: E402
 
 import jax_gmma  # noqa: E402
 from jax_gmma import _backend, blockwise_configs as bwc, shapes as gshapes  # noqa: E402
+try:  # the activation-quantization kernel (absent from an older installed jax_gmma)
+  from jax_gmma import quantize_kernel as _qk  # noqa: E402
+except ImportError:  # pragma: no cover
+  _qk = None
 
 OURS, PERT, XLA, JNN, TORCH, BF = ("ours_1d2d", "ours_pertensor", "xla_fp8",
                                    "jax_nn_scaled_matmul_mxfp8", "torch_blockwise", "bf16")
 IMPLS = (OURS, PERT, XLA, JNN, TORCH, BF)
 QUANT, QUANT_CH, GEMM, FUSED = ("quantize_1x128", "quantize_fp8_channel", "ours_1d2d_gemm",
                                 "quantize_1x128+ours_1d2d")
+QUANT_JAX = "quantize_1x128_jax"  # the pure-JAX path, timed where the kernel runs
 MX_BLOCK = 32
 
 LARGE_SHAPES = [(8192, 8192, 8192), (4096, 7168, 16384), (4096, 2112, 7168), (4096, 24576, 1536),
@@ -165,6 +173,16 @@ MX_QUANTIZER = ("jax._src.cudnn.scaled_matmul_stablehlo.quantize (mxfp8 config)"
 def q_1x128(x):
   q = jax_gmma.quantize(x, "fp8_1x128")
   return q.data, q.scales
+
+
+def q_1x128_jax(x):  # the pure-JAX path of quantize, even where the kernel would run
+  q = jax_gmma.quantize(x, "fp8_1x128", use_kernel=False)
+  return q.data, q.scales
+
+
+def quant_path(calls):
+  """Which fp8_1x128 quantizer a compiled function ran: the CUDA kernel or XLA's fusion."""
+  return "kernel" if _qk is not None and _qk.FP8_QUANTIZE_TARGET in calls else "jax"
 
 
 def q_128x128(w):
@@ -584,15 +602,29 @@ def bench_quant(run: BRun, suite: str, m: int, k: int, ns, max_sets: int = MAX_S
             f"[{', '.join(calls) or 'XLA'}]")
     return row
 
-  tq = {}
-  for impl, fn_ in ((QUANT, q_1x128), (QUANT_CH, q_channel)):
+  tq, paths = {}, {}
+  impls = [(QUANT, q_1x128), (QUANT_CH, q_channel)]
+  kernel = _qk is not None and _qk.kernel_available()
+  if kernel:  # the kernel runs for QUANT: time the pure-JAX path next to it
+    impls.append((QUANT_JAX, q_1x128_jax))
+  for impl, fn_ in impls:
     fn, calls = compile_jax(fn_, xs[0])
+    extra = dict(path=quant_path(calls)) if impl in (QUANT, QUANT_JAX) else {}
     # bytes moved: bf16 in, fp8 + float32 scales out
-    r = record(impl, None, time_jax(fn, xs, args.repeats, run.target_s), calls)
-    r["gbps"] = (act_bytes + m * k + 4 * m * (k // 128 if impl == QUANT else 1)) / (
+    r = record(impl, None, time_jax(fn, xs, args.repeats, run.target_s), calls, **extra)
+    r["gbps"] = (act_bytes + m * k + 4 * m * (-(-k // 128) if impl != QUANT_CH else 1)) / (
         r["median_us"] * 1e-6) / 1e9
     tq[impl] = r["median_us"]
+    paths[impl] = r.get("path")
     del fn
+  if kernel:  # the kernel must be what ran, and bit-identical to the pure-JAX path
+    if paths[QUANT] != "kernel":
+      run.fail(f"{suite} quant: the quantization kernel is available but {QUANT} did not run it")
+    got, want = jax.jit(q_1x128)(*xs[0]), jax.jit(q_1x128_jax)(*xs[0])
+    same = all(np.array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8))
+               for a, b in zip(got, want))
+    if not same:
+      run.fail(f"{suite} quant: the quantization kernel is not bit-identical to the pure-JAX path")
   qsets = [jax.jit(q_1x128)(x) for (x,) in xs]
   for n in ns:
     ws = [q_128x128(normal(run.next_key(), (n, k))) for _ in range(n_sets)]
@@ -604,6 +636,8 @@ def bench_quant(run: BRun, suite: str, m: int, k: int, ns, max_sets: int = MAX_S
                  config=cfg.name, splits=splits, path=run.bw_path(calls))
       g["quant_ratio"] = tq[QUANT] / g["median_us"]
       g["quant_channel_ratio"] = tq[QUANT_CH] / g["median_us"]
+      if QUANT_JAX in tq:
+        g["quant_jax_ratio"] = tq[QUANT_JAX] / g["median_us"]
       fsets = [(x, w[0], w[1]) for (x,), w in zip(xs, ws)]
       fused, calls = compile_jax(_quant_gemm, fsets[0])
       f = record(FUSED, n, time_jax(fused, fsets, args.repeats, run.target_s), calls,
@@ -718,16 +752,17 @@ def markdown(meta, rows, notes, failures, bar_rows) -> str:
                  f"{_ratio(rel)} | {_ratio(sv.get(JNN))} | {_ratio(sv.get(XLA))} |")
     else:
       L += [f"## {suite}: activation quantization cost", "",
-            "| impl | shape | config (splits) | µs | quantize_1x128 / GEMM (≤15%) | "
-            "fp8_channel / GEMM | added in one jit |",
-            "|---|---|---|---|---|---|---|"]
+            "| impl | shape | config (splits) | path | µs | quantize_1x128 / GEMM (≤15%) | "
+            "pure-JAX 1x128 / GEMM | fp8_channel / GEMM | added in one jit |",
+            "|---|---|---|---|---|---|---|---|---|"]
       for shape, g in groups.items():
         for impl, r in g.items():
           added = (f"{_fmt(r.get('added_us'), '.1f')} µs ({r['added_ratio']:.1%})"
                    if r.get("added_ratio") is not None else "—")
           L.append(f"| {impl} | {shape} | {r.get('config', '—')} ({r.get('splits', '—')}) | "
-                   f"{_fmt(r.get('median_us'), '.1f')} | "
+                   f"{r.get('path', '—')} | {_fmt(r.get('median_us'), '.1f')} | "
                    f"{format(r['quant_ratio'], '.1%') if r.get('quant_ratio') is not None else '—'} | "
+                   f"{format(r['quant_jax_ratio'], '.1%') if r.get('quant_jax_ratio') is not None else '—'} | "
                    f"{format(r['quant_channel_ratio'], '.1%') if r.get('quant_channel_ratio') is not None else '—'} | "
                    f"{added} |")
     L.append("")
@@ -873,6 +908,9 @@ def main(argv=None) -> int:
       if r.get("path") == "reference":
         run.notes.append(f"{r['impl']} {r['suite']} {r['shape']}: ran the pure-JAX reference, "
                          "not the kernel")
+      if r["impl"] == QUANT and r.get("path") == "jax":
+        run.notes.append(f"{QUANT} {r['suite']}: quantize ran XLA's pure-JAX fusion, not the "
+                         "quantization kernel (not built, or not a Hopper GPU)")
 
   bar_rows = bars(run.rows)
   paths = sorted({r["path"] for r in run.rows if r.get("path") in ("kernel", "reference")})

@@ -98,6 +98,7 @@ import numpy as np
 from . import formats as _formats
 from .formats import FORMATS, Format, as_dtype, dtype_emax, dtype_max, get_format
 from . import layouts as _layouts
+from . import quantize_kernel as _qk  # the CUDA kernel path (fp8_1x128, mxfp8)
 
 __all__ = [
     "QuantizedArray",
@@ -518,7 +519,8 @@ def _quantize_impl(x, fmt_name: str, dt_name: str, axis: int):
 
 
 def quantize(x, format="fp8_tensor", *, dtype=None, axis: int = -1,
-             layout: str = LAYOUT_ROWMAJOR) -> QuantizedArray:
+             layout: str = LAYOUT_ROWMAJOR,
+             use_kernel: bool = True) -> QuantizedArray:
     """Quantise a floating array to ``format`` with amax "current scaling".
 
     Args:
@@ -533,13 +535,17 @@ def quantize(x, format="fp8_tensor", *, dtype=None, axis: int = -1,
         ``"sm100_128x4"`` (MX / NVFP4 only: scales swizzled once, here, into
         the 128x4-atom layout Blackwell block-scaled GEMMs read; see
         :mod:`jax_gmma.layouts`).
+      use_kernel: ``fp8_1x128`` / ``mxfp8`` with ``float8_e4m3fn`` elements,
+        K last and a bfloat16/float16/float32 ``x`` run as one CUDA kernel on
+        Hopper GPUs (bit-identical results; :mod:`jax_gmma.quantize_kernel`).
+        False forces the pure-JAX path everywhere.
 
     Returns:
       A :class:`QuantizedArray`; K is zero-padded to whole blocks in ``data``
       and the original shape is recorded so :func:`dequantize` returns it.
 
-    Works under ``jax.jit`` (``format``, ``dtype``, ``axis``, ``layout`` are
-    static).
+    Works under ``jax.jit`` (``format``, ``dtype``, ``axis``, ``layout``,
+    ``use_kernel`` are static).
     """
     who = "quantize"
     fmt = _resolve_format(format, who)
@@ -570,7 +576,12 @@ def quantize(x, format="fp8_tensor", *, dtype=None, axis: int = -1,
         raise ValueError(f"{who}: x must be non-empty, got shape "
                          f"{tuple(x.shape)}")
 
-    data, scales, global_scale = _quantize_impl(x, fmt.name, dt.name, axis)
+    if use_kernel and _qk.applies(fmt.name, dt, x.dtype, axis, x.ndim):
+        # The kernel's primitive (pure-JAX lowering off Hopper): same data/scales.
+        data, scales = _qk.quantize_rows(x, fmt.name)
+        global_scale = None
+    else:
+        data, scales, global_scale = _quantize_impl(x, fmt.name, dt.name, axis)
     if lay.name != LAYOUT_ROWMAJOR:
         scales = _layouts.swizzle_scales(scales, lay)
     return QuantizedArray(data, scales, global_scale, format=fmt,
