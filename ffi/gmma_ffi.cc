@@ -60,6 +60,48 @@ ffi::Error invalid(std::string msg) {
   return ffi::Error(ffi::ErrorCode::kInvalidArgument, "jax_gmma_fp8_gemm: " + msg);
 }
 
+// The kernel a handler's call site asked for. Each handler keeps a thread-local one-entry cache
+// (the same call site hits it every step); nullptr, with `why`, when this build lacks it.
+struct EntryCache {
+  const KernelEntry* entry = nullptr;
+  std::string name;
+};
+
+const KernelEntry* lookup(EntryCache& cache, std::string_view config, DType ta, DType tb, DType td,
+                          std::string* why) {
+  const KernelEntry* c = cache.entry;
+  if (c && c->a == ta && c->b == tb && c->d == td && cache.name == config) return c;
+  std::string name(config);
+  const KernelEntry* entry = find_kernel(name.c_str(), ta, tb, td);
+  if (!entry) {
+    *why = "no kernel '" + name + "' for " + dtype_name(ta) + " x " + dtype_name(tb) + " -> " +
+           dtype_name(td) + " in this build";
+    return nullptr;
+  }
+  cache.entry = entry;
+  cache.name = std::move(name);
+  return entry;
+}
+
+// The execute path every GEMM handler shares (graph-safety rules: ffi/graph_safety.h): device
+// from cudaGetDevice, one-time kernel setup if it has not happened yet, capture accounting, and
+// the launch (plus any stream-K workspace memset the kernel needs).
+ffi::Error launch(const KernelEntry* entry, GemmArgs& g, cudaStream_t stream) {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return ffi::Error::Internal("cudaGetDevice failed");
+  if (cudaError_t err = ensure_prepared(entry, device); err != cudaSuccess)
+    return ffi::Error::Internal(std::string("jax_gmma: kernel setup failed: ") + cudaGetErrorString(err));
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess)
+    return ffi::Error::Internal("cudaStreamIsCapturing failed");
+  (capture == cudaStreamCaptureStatusActive ? g_captured : g_eager).fetch_add(1, std::memory_order_relaxed);
+  g.device = device;
+  if (cudaError_t err = entry->run(g, stream); err != cudaSuccess)
+    return ffi::Error::Internal(std::string("jax_gmma: kernel launch failed (") + entry->config +
+                                "): " + cudaGetErrorString(err));
+  return ffi::Error::Success();
+}
+
 // Operands: a (M,K) fp8, b (N,K) fp8, a_scale f32 (1,) or (M,), b_scale f32 (1,) or (N,),
 // bias (N,) in the output dtype (ignored unless has_bias). Results: d (M,N), workspace u8.
 ffi::Error Fp8GemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
@@ -87,31 +129,10 @@ ffi::Error Fp8GemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
                    static_cast<int64_t>(bias.element_count()) != n))
     return invalid("bias must be (N,) in the output dtype");
 
-  // Thread-local one-entry cache: the same call site hits it every step.
-  thread_local const KernelEntry* cached = nullptr;
-  thread_local std::string cached_name;
-  const KernelEntry* entry = nullptr;
-  if (cached && cached->a == ta && cached->b == tb && cached->d == td && cached_name == config) {
-    entry = cached;
-  } else {
-    std::string name(config);
-    entry = find_kernel(name.c_str(), ta, tb, td);
-    if (!entry)
-      return invalid("no kernel '" + name + "' for " + dtype_name(ta) + " x " + dtype_name(tb) +
-                     " -> " + dtype_name(td) + " in this build");
-    cached = entry;
-    cached_name = std::move(name);
-  }
-
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return ffi::Error::Internal("cudaGetDevice failed");
-  if (cudaError_t err = ensure_prepared(entry, device); err != cudaSuccess)
-    return ffi::Error::Internal(std::string("jax_gmma: kernel setup failed: ") + cudaGetErrorString(err));
-
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess)
-    return ffi::Error::Internal("cudaStreamIsCapturing failed");
-  (capture == cudaStreamCaptureStatusActive ? g_captured : g_eager).fetch_add(1, std::memory_order_relaxed);
+  thread_local EntryCache cache;
+  std::string why;
+  const KernelEntry* entry = lookup(cache, config, ta, tb, td, &why);
+  if (!entry) return invalid(why);
 
   GemmArgs g;
   g.m = m;
@@ -129,11 +150,7 @@ ffi::Error Fp8GemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
   g.workspace_bytes = workspace->size_bytes();
   g.splits = splits;
   g.sm_count = sm_count;
-  g.device = device;
-  if (cudaError_t err = entry->run(g, stream); err != cudaSuccess)
-    return ffi::Error::Internal(std::string("jax_gmma: kernel launch failed (") + entry->config +
-                                "): " + cudaGetErrorString(err));
-  return ffi::Error::Success();
+  return launch(entry, g, stream);
 }
 
 // Block-scaled FP8 GEMM (DeepSeek-style 1x128 x 128x128 or 1x128 x 1x128 float32 scales).
@@ -177,31 +194,10 @@ ffi::Error Fp8BlockwiseGemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyB
                    static_cast<int64_t>(bias.element_count()) != n))
     return bad("bias must be (N,) in the output dtype");
 
-  // Thread-local one-entry cache: the same call site hits it every step.
-  thread_local const KernelEntry* cached = nullptr;
-  thread_local std::string cached_name;
-  const KernelEntry* entry = nullptr;
-  if (cached && cached->a == ta && cached->b == tb && cached->d == td && cached_name == config) {
-    entry = cached;
-  } else {
-    std::string name(config);
-    entry = find_kernel(name.c_str(), ta, tb, td);
-    if (!entry)
-      return bad("no kernel '" + name + "' for " + dtype_name(ta) + " x " + dtype_name(tb) + " -> " +
-                 dtype_name(td) + " in this build");
-    cached = entry;
-    cached_name = std::move(name);
-  }
-
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return ffi::Error::Internal("cudaGetDevice failed");
-  if (cudaError_t err = ensure_prepared(entry, device); err != cudaSuccess)
-    return ffi::Error::Internal(std::string("jax_gmma: kernel setup failed: ") + cudaGetErrorString(err));
-
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess)
-    return ffi::Error::Internal("cudaStreamIsCapturing failed");
-  (capture == cudaStreamCaptureStatusActive ? g_captured : g_eager).fetch_add(1, std::memory_order_relaxed);
+  thread_local EntryCache cache;
+  std::string why;
+  const KernelEntry* entry = lookup(cache, config, ta, tb, td, &why);
+  if (!entry) return bad(why);
 
   GemmArgs g;
   g.m = m;
@@ -219,11 +215,7 @@ ffi::Error Fp8BlockwiseGemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyB
   g.workspace_bytes = workspace->size_bytes();
   g.splits = splits;
   g.sm_count = sm_count;
-  g.device = device;
-  if (cudaError_t err = entry->run(g, stream); err != cudaSuccess)
-    return ffi::Error::Internal(std::string("jax_gmma: kernel launch failed (") + entry->config +
-                                "): " + cudaGetErrorString(err));
-  return ffi::Error::Success();
+  return launch(entry, g, stream);
 }
 
 // Blackwell block-scaled GEMM (MX / NVFP4 formats; "sm100_*" / "sm120_*" mx kernels).
@@ -283,30 +275,10 @@ ffi::Error MxGemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b, f
                    static_cast<int64_t>(bias.element_count()) != n))
     return bad("bias must be (N,) in the output dtype");
 
-  thread_local const KernelEntry* cached = nullptr;
-  thread_local std::string cached_name;
-  const KernelEntry* entry = nullptr;
-  if (cached && cached->a == ta && cached->b == tb && cached->d == td && cached_name == config) {
-    entry = cached;
-  } else {
-    std::string name(config);
-    entry = find_kernel(name.c_str(), ta, tb, td);
-    if (!entry)
-      return bad("no kernel '" + name + "' for " + dtype_name(ta) + " x " + dtype_name(tb) + " -> " +
-                 dtype_name(td) + " in this build");
-    cached = entry;
-    cached_name = std::move(name);
-  }
-
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return ffi::Error::Internal("cudaGetDevice failed");
-  if (cudaError_t err = ensure_prepared(entry, device); err != cudaSuccess)
-    return ffi::Error::Internal(std::string("jax_gmma: kernel setup failed: ") + cudaGetErrorString(err));
-
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess)
-    return ffi::Error::Internal("cudaStreamIsCapturing failed");
-  (capture == cudaStreamCaptureStatusActive ? g_captured : g_eager).fetch_add(1, std::memory_order_relaxed);
+  thread_local EntryCache cache;
+  std::string why;
+  const KernelEntry* entry = lookup(cache, config, ta, tb, td, &why);
+  if (!entry) return bad(why);
 
   GemmArgs g;
   g.m = m;
@@ -324,11 +296,7 @@ ffi::Error MxGemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b, f
   g.workspace_bytes = workspace->size_bytes();
   g.splits = 1;
   g.sm_count = sm_count;
-  g.device = device;
-  if (cudaError_t err = entry->run(g, stream); err != cudaSuccess)
-    return ffi::Error::Internal(std::string("jax_gmma: kernel launch failed (") + entry->config +
-                                "): " + cudaGetErrorString(err));
-  return ffi::Error::Success();
+  return launch(entry, g, stream);
 }
 
 }  // namespace
