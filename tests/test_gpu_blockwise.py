@@ -7,10 +7,6 @@ dequantized operands on the device for every element (an unwritten element fails
 elementwise bound). Fresh random inputs per check, never all-zeros.
 """
 import itertools
-import json
-import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -18,6 +14,7 @@ import numpy as np
 import pytest
 
 import jax_gmma
+from _cmdbuf import child_script, command_buffer_runs  # noqa: E402 (tests/ helper)
 from jax_gmma import _backend, blockwise_configs as bc
 
 pytestmark = pytest.mark.gpu
@@ -186,21 +183,12 @@ def test_no_silent_fallback_when_kernel_missing(monkeypatch):
 
 # -- CUDA graphs (XLA command buffers) ------------------------------------------------------
 
-CHILD = os.path.join(os.path.dirname(__file__), "cmdbuf_blockwise_child.py")
 
-
-def _run_child(flags):
-  env = dict(os.environ)
-  env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + flags).strip()
-  r = subprocess.run([sys.executable, CHILD], env=env, capture_output=True, text=True, timeout=600)
-  assert r.returncode == 0, f"child failed with XLA_FLAGS={flags!r}:\n{r.stdout}\n{r.stderr[-4000:]}"
-  return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def test_command_buffers_bit_identical_and_captured():
-  off = _run_child("--xla_gpu_enable_command_buffer=")
-  default = _run_child("")
-  forced = _run_child("--xla_gpu_graph_min_graph_size=1")
+  runs = command_buffer_runs([child_script("cmdbuf_blockwise_child.py")])
+  off, default, forced = runs["off"], runs["default"], runs["forced"]
   for name in ("chain", "small"):
     assert default[name] == off[name], f"{name}: default command buffers differ from off"
     assert forced[name] == off[name], f"{name}: forced command buffers differ from off"

@@ -9,11 +9,6 @@ element-wise load path), M = 1 and leading dims; and inside jax.jit with CUDA gr
 command buffers), checking with the library's capture counters that the handler really ran
 under stream capture.
 """
-import hashlib
-import json
-import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -22,6 +17,7 @@ import numpy as np
 import pytest
 
 import jax_gmma
+from _cmdbuf import command_buffer_runs  # noqa: E402 (tests/ helper)
 from jax_gmma import quantize_kernel as qk
 
 E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
@@ -346,21 +342,12 @@ print(json.dumps(res))
 '''
 
 
-def _run_child(flags, tmp_path):
-  env = dict(os.environ)
-  env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + flags).strip()
-  # -P and a neutral working directory: the child imports the installed jax_gmma.
-  r = subprocess.run([sys.executable, "-P", "-c", CHILD], env=env, capture_output=True, text=True,
-                     timeout=600, cwd=tmp_path)
-  assert r.returncode == 0, f"child failed with XLA_FLAGS={flags!r}:\n{r.stdout}\n{r.stderr[-4000:]}"
-  return json.loads(r.stdout.strip().splitlines()[-1])
-
 
 @pytest.mark.gpu
 def test_command_buffers_bit_identical_and_captured(tmp_path):
-  off = _run_child("--xla_gpu_enable_command_buffer=", tmp_path)
-  default = _run_child("", tmp_path)
-  forced = _run_child("--xla_gpu_graph_min_graph_size=1", tmp_path)
+  # -P and a neutral working directory: the child imports the installed jax_gmma.
+  runs = command_buffer_runs(["-P", "-c", CHILD], cwd=tmp_path)
+  off, default, forced = runs["off"], runs["default"], runs["forced"]
   for name in ("chain", "small"):
     assert default[name] == off[name], f"{name}: default command buffers differ from off"
     assert forced[name] == off[name], f"{name}: forced command buffers differ from off"

@@ -1,17 +1,13 @@
 """FP4 weight-only GEMM (jax_gmma.weightonly): the prepared layout, the reference, shape rules
 (CPU), and the sm_90a kernel against a float64 oracle of the dequantized weights (GPU)."""
-import json
-import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
-import ml_dtypes
 import numpy as np
 import pytest
 
 import jax_gmma
+from _cmdbuf import child_script, command_buffer_runs  # noqa: E402 (tests/ helper)
 from jax_gmma import weightonly as wo
 
 FORMATS = ("nvfp4", "mxfp4")
@@ -220,22 +216,13 @@ def test_kernel_nan_propagates():
   assert not np.isfinite(out[0, 3].astype(np.float32)) and np.isfinite(out[0, 4].astype(np.float32))
 
 
-CHILD = os.path.join(os.path.dirname(__file__), "cmdbuf_weightonly_child.py")
 
-
-def _run_child(flags):
-  env = dict(os.environ)
-  env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + flags).strip()
-  r = subprocess.run([sys.executable, CHILD], env=env, capture_output=True, text=True, timeout=600)
-  assert r.returncode == 0, f"child failed with XLA_FLAGS={flags!r}:\n{r.stdout}\n{r.stderr[-4000:]}"
-  return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.gpu
 def test_command_buffers_bit_identical_and_captured():
-  off = _run_child("--xla_gpu_enable_command_buffer=")
-  default = _run_child("")
-  forced = _run_child("--xla_gpu_graph_min_graph_size=1")
+  runs = command_buffer_runs([child_script("cmdbuf_weightonly_child.py")])
+  off, default, forced = runs["off"], runs["default"], runs["forced"]
   assert default["chain"] == off["chain"] and forced["chain"] == off["chain"]
   assert off["captured"] == 0 and off["eager"] > 0
   assert default["captured"] >= 32, default

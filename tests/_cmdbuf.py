@@ -1,0 +1,35 @@
+"""CUDA-graph (XLA command buffer) test harness shared by the GPU test modules. Not a test
+module; imported as ``from _cmdbuf import command_buffer_runs``.
+
+A child process runs a jitted program of our custom calls under one XLA_FLAGS setting and
+prints a JSON line (result hashes, capture counters); the three settings are command buffers
+off, XLA's default, and forced for graphs of any size."""
+import json
+import os
+import subprocess
+import sys
+
+#: XLA_FLAGS additions: command buffers off, default, forced for the smallest graphs.
+MODES = {"off": "--xla_gpu_enable_command_buffer=", "default": "",
+         "forced": "--xla_gpu_graph_min_graph_size=1"}
+
+
+def run_child(args, flags, cwd=None, timeout=600):
+  """Runs ``python *args`` with ``flags`` appended to XLA_FLAGS; the child's last stdout line,
+  parsed as JSON."""
+  env = dict(os.environ)
+  env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + flags).strip()
+  r = subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True,
+                     timeout=timeout, cwd=cwd)
+  assert r.returncode == 0, f"child failed with XLA_FLAGS={flags!r}:\n{r.stdout}\n{r.stderr[-4000:]}"
+  return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def command_buffer_runs(args, cwd=None):
+  """{mode: child result} for the three MODES."""
+  return {mode: run_child(args, flags, cwd=cwd) for mode, flags in MODES.items()}
+
+
+def child_script(name):
+  """Path of a child script next to the tests."""
+  return os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
