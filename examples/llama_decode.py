@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """A Llama-3-8B-shaped decoder (random weights) with a KV cache and a jitted decode loop, its
-Linear layers in bf16, XLA's FP8, jax-gmma's FP8 GEMMs, and emulated block-scaled formats.
+Linear layers in bf16, XLA's FP8, jax-gmma's FP8 GEMMs, jax-gmma's FP4 weight-only GEMMs, and
+emulated block-scaled formats.
 
 Shapes are Llama-3-8B's (hidden 4096, 32 query heads, 8 KV heads (GQA), head dim 128, SwiGLU FFN
 14336, vocab 128256, RMSNorm eps 1e-5, RoPE theta 500000, no rope scaling); the layer count is a
@@ -28,8 +29,15 @@ Each *format* is a separate model variant of the same master weights:
   dequantized on every call (per token for FP8 per-tensor/per-channel weights, 1x128 for 128x128
   weights, the same format for MX/NVFP4), and a float32 dot multiplies them. It shows what the
   format's rounding does to the model; its speed is not a kernel's speed.
+* ``wo:nvfp4``, ``wo:mxfp4`` (any format in ``jax_gmma.weightonly.FORMATS``): FP4 *weight-only*
+  GEMMs. The weight is quantized once and laid out for the Hopper kernel
+  (``jax_gmma.weightonly.prepare(w, fmt)``, N a multiple of 16), every call is
+  ``jax_gmma.dot(x, w_p)`` with the bf16 activation as is (no activation quantization; bf16
+  out). The sm_90a weight-only kernel (FP4 widened to bf16 in registers, bf16 MMA, float32
+  accumulation) on Hopper, the pure-JAX reference elsewhere.
 
-The GEMM and ``emu:FMT`` kinds, and their spec grammar, live in ``examples/quantized_linear.py``
+The GEMM, ``emu:FMT`` and ``wo:FMT`` kinds, and their spec grammar, live in
+``examples/quantized_linear.py``
 (shared with ``minilm.py``); ``bf16`` and ``xla_fp8`` are this example's own.
 
 Generation: one jitted prefill over the prompt fills the cache, then ``--gen-tokens`` greedy
@@ -70,7 +78,8 @@ import jax_gmma  # noqa: E402
 # examples/ on sys.path, for the shared quantized_linear.py (run as a script, with -P, or by path)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from quantized_linear import (  # noqa: E402,F401 (EMU_ACTIVATION_FORMAT: re-exported)
-    EMU_ACTIVATION_FORMAT, QuantizedLinear, UnknownFormat, gemm_formats, parse_spec)
+    EMU_ACTIVATION_FORMAT, QuantizedLinear, UnknownFormat, gemm_formats, parse_spec,
+    weightonly_formats)
 
 BF16 = jnp.bfloat16
 F32 = jnp.float32
@@ -80,8 +89,10 @@ NT = (((1,), (1,)), ((), ()))  # (M, K) x (N, K) -> (M, N)
 
 #: The block-scaled formats (no GEMM kernel yet): each runs as ``emu:FMT`` by default.
 BLOCK_FORMATS = ("fp8_1x128", "fp8_128x128", "mxfp8", "mxfp6_e2m3", "mxfp6_e3m2", "nvfp4", "mxfp4")
+#: The FP4 weight-only GEMMs (real kernels on Hopper): each runs as ``wo:FMT`` by default.
+WEIGHTONLY_FORMATS = tuple(f"wo:{f}" for f in weightonly_formats())
 DEFAULT_FORMATS = ("bf16", "xla_fp8", "fp8_tensor", "fp8_channel") + tuple(
-    f"emu:{f}" for f in BLOCK_FORMATS)
+    f"emu:{f}" for f in BLOCK_FORMATS) + WEIGHTONLY_FORMATS
 BASELINES = ("bf16", "xla_fp8")
 
 
@@ -131,6 +142,22 @@ class LlamaConfig:
         raise ValueError(f"{name}: (N, K) = ({n}, {k}); jax_gmma GEMMs need K % {shapes.K_ALIGN}"
                          f" == 0 and N % {shapes.N_ALIGN} == 0 (choose --hidden/--ffn/--heads/"
                          "--kv-heads/--head-dim accordingly)")
+
+  def check_weightonly_shapes(self) -> None:
+    """The FP4 weight-only kernel (wo:FMT) needs N % 16 == 0 (its 16-row tiles; K is padded)."""
+    from jax_gmma import weightonly
+    for name, (n, k) in self.linear_shapes().items():
+      if n % weightonly.TILE_ROWS:
+        raise ValueError(f"{name}: (N, K) = ({n}, {k}); the FP4 weight-only GEMM (wo:FMT) needs "
+                         f"N % {weightonly.TILE_ROWS} == 0 (choose --hidden/--ffn/--heads/"
+                         "--kv-heads/--head-dim accordingly)")
+
+  def check_shapes(self, kinds) -> None:
+    """The shape rules of the jax-gmma GEMM kinds among ``kinds``."""
+    if "gemm" in kinds:
+      self.check_gemm_shapes()
+    if "weightonly" in kinds:
+      self.check_weightonly_shapes()
 
 
 PRESETS = {
@@ -257,13 +284,15 @@ def _quantize_per_token_e4m3(x2):
 @dataclasses.dataclass(frozen=True)
 class Variant(QuantizedLinear):
   """How every Linear ``y = x @ w.T`` of the decoder layers is computed: kind "bf16", "xla_fp8",
-  or a jax-gmma GEMM / emulation spec (``quantized_linear``). Hashable (static jit argument)."""
+  or a jax-gmma GEMM / emulation / weight-only spec (``quantized_linear``). Hashable (static jit
+  argument)."""
 
   @property
   def description(self) -> str:
     return {"bf16": "bf16 dot (baseline)",
             "xla_fp8": "XLA fp8 dot_general",
             "gemm": "jax_gmma.dot GEMM",
+            "weightonly": "FP4 weight-only GEMM (x bf16)",
             "emulated": f"emulation (x {self.x_format})"}[self.kind]
 
   def prepare(self, w):
@@ -273,12 +302,12 @@ class Variant(QuantizedLinear):
     if self.kind == "xla_fp8":
       q = jax_gmma.quantize(w, "fp8_channel")  # float8_e4m3fn data (N, K), scales (N, 1)
       return (q.data, q.scales.reshape(-1))
-    return super().prepare(w)  # gemm: QuantizedArray; emulated: dequantized float32
+    return super().prepare(w)  # gemm: QuantizedArray; emulated: float32; weightonly: PackedWeight
 
   def linear(self, x, w):
     """x (..., K) bf16 -> (..., N) bf16."""
     if self.kind not in ("bf16", "xla_fp8"):
-      return super().linear(x, w)  # gemm: jax_gmma.dot (out dtype follows x); emulated
+      return super().linear(x, w)  # gemm / weightonly: jax_gmma.dot (bf16 out); emulated
     lead, k = x.shape[:-1], x.shape[-1]
     x2 = x.reshape(-1, k)
     if self.kind == "bf16":
@@ -292,7 +321,8 @@ class Variant(QuantizedLinear):
 
 
 def parse_variant(spec: str) -> Variant:
-  """``bf16`` | ``xla_fp8`` | a jax_gmma.dot GEMM format | ``emu:FMT`` (quantize/dequantize)."""
+  """``bf16`` | ``xla_fp8`` | a jax_gmma.dot GEMM format | ``emu:FMT`` (quantize/dequantize) |
+  ``wo:FMT`` (FP4 weight-only GEMM)."""
   spec = spec.strip()
   if spec in ("bf16", "xla_fp8"):
     return Variant(label=spec, kind=spec)
@@ -300,8 +330,9 @@ def parse_variant(spec: str) -> Variant:
     return parse_spec(spec, Variant)
   except UnknownFormat:
     raise ValueError(f"{spec}: unknown format; use bf16, xla_fp8, a GEMM format "
-                     f"({', '.join(gemm_formats())}) or emu:FMT with FMT in "
-                     f"{', '.join(jax_gmma.FORMATS)}") from None
+                     f"({', '.join(gemm_formats())}), emu:FMT with FMT in "
+                     f"{', '.join(jax_gmma.FORMATS)}, or wo:FMT (FP4 weight-only GEMM) with FMT "
+                     f"in {', '.join(weightonly_formats())}") from None
 
 
 def prepare_params(master: Dict[str, Any], variant: Variant, bar=None) -> Dict[str, Any]:
@@ -572,11 +603,15 @@ def run(formats: Sequence[str] = DEFAULT_FORMATS, cfg: LlamaConfig = LlamaConfig
   max_seq = max_seq or need
   if max_seq < need:
     raise ValueError(f"max_seq ({max_seq}) must be >= prompt_len + gen_tokens ({need})")
-  if any(v.kind == "gemm" for v in variants):
-    cfg.check_gemm_shapes()
+  kinds = {v.kind for v in variants}
+  cfg.check_shapes(kinds)
+  if kinds & {"gemm", "weightonly"}:
     from jax_gmma import _backend
     if _backend.cuda_devices():  # fail now, not after building 16 GB of weights
-      _backend.check_cuda_kernels("dot")
+      if "gemm" in kinds:
+        _backend.check_cuda_kernels("dot")
+      if "weightonly" in kinds:
+        _backend.check_cuda_kernels("weightonly_gemm")
 
   dev = jax.devices()[0]
   log(f"backend: {jax.default_backend()} ({dev.device_kind}); jax {jax.__version__}; "
@@ -658,9 +693,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--formats", default=",".join(DEFAULT_FORMATS),
-                  help="comma-separated: bf16, xla_fp8, GEMM formats (%s), emu:FMT emulations "
-                       "(default: %%(default)s); bf16 always runs (the reference)"
-                       % ", ".join(gemm_formats()))
+                  help="comma-separated: bf16, xla_fp8, GEMM formats (%s), emu:FMT emulations, "
+                       "wo:FMT FP4 weight-only GEMMs (FMT in %s) (default: %%(default)s); bf16 "
+                       "always runs (the reference)"
+                       % (", ".join(gemm_formats()), ", ".join(weightonly_formats())))
   ap.add_argument("--preset", choices=sorted(PRESETS), default="llama3-8b",
                   help="model shape (default: %(default)s); the flags below override it")
   ap.add_argument("--layers", type=int, default=2, help="decoder layers (default 2; 32 = full)")
@@ -688,8 +724,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   formats = [f for f in args.formats.split(",") if f.strip()]
   try:
     cfg = LlamaConfig(layers=args.layers, **shape)
-    if any(parse_variant(fmt).kind == "gemm" for fmt in formats):
-      cfg.check_gemm_shapes()
+    cfg.check_shapes({parse_variant(fmt).kind for fmt in formats})
   except ValueError as e:
     ap.error(str(e))
   try:
@@ -710,7 +745,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "1st diff: index of the first generated token that differs (earliest sequence); "
         "forced agree: same, fed bf16's tokens (teacher forcing). The lm_head, embedding and "
         "norms are bf16 in every row. emu:FMT rows are a quantize-dequantize emulation in "
-        "float32, not a GEMM kernel: their speed is not a format's speed.")
+        "float32, not a GEMM kernel: their speed is not a format's speed. wo:FMT rows are FP4 "
+        "weight-only GEMMs: FP4 weights, bf16 activations (no activation quantization).")
   calls = {r["format"]: r["custom_calls"] for r in result["results"] if r["custom_calls"]}
   if calls:
     print("\ncustom calls in each compiled decode program:")

@@ -19,9 +19,15 @@ model over the sentences of ``examples/sentences.txt``:
   activation are quantized and immediately dequantized (``jax_gmma.quantize`` +
   ``jax_gmma.dequantize``) and multiplied with a float32 dot. It shows what the format's rounding
   does to the model before a kernel exists (the block-scaled formats: mxfp8, nvfp4, mxfp4, mxfp6).
+* ``wo:nvfp4``, ``wo:mxfp4`` (any format in ``jax_gmma.weightonly.FORMATS``): a real FP4
+  *weight-only* GEMM. The weight is quantized once and laid out for the Hopper kernel
+  (``jax_gmma.weightonly.prepare(w, fmt)``); the layer is ``jax_gmma.dot(x_bf16, w_p, bias=b)``
+  with bf16 activations (no activation quantization), the result cast back to the run's dtype.
+  On a Hopper GPU with the kernels built this is the sm_90a weight-only kernel; elsewhere the
+  pure-JAX reference.
 
 When a format gains a GEMM kernel (it appears in ``DOT_WEIGHT_FORMATS``), its plain name runs the
-kernel with no change here. Both kinds, and the spec grammar, live in
+kernel with no change here. The three kinds, and the spec grammar, live in
 ``examples/quantized_linear.py`` (shared with ``llama_decode.py``).
 
 Usage::
@@ -62,7 +68,7 @@ import jax_gmma  # noqa: E402
 # examples/ on sys.path, for the shared quantized_linear.py (run as a script, with -P, or by path)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from quantized_linear import (  # noqa: E402,F401 (EMU_ACTIVATION_FORMAT: re-exported)
-    EMU_ACTIVATION_FORMAT, QuantizedLinear, gemm_formats, parse_spec)
+    EMU_ACTIVATION_FORMAT, QuantizedLinear, gemm_formats, parse_spec, weightonly_formats)
 
 HERE = Path(__file__).resolve().parent
 SENTENCES_FILE = HERE / "sentences.txt"
@@ -73,7 +79,11 @@ PAD_MULTIPLE = 8                            # pad the batch's sequence length to
 HIGHEST = jax.lax.Precision.HIGHEST         # float32 dots stay float32 (no TF32/bf16 passes on GPU)
 
 DEFAULT_FORMATS = ("fp8_tensor", "fp8_channel", "emu:mxfp8", "emu:mxfp6_e2m3", "emu:nvfp4",
-                   "emu:mxfp4")
+                   "emu:mxfp4", "wo:nvfp4", "wo:mxfp4")
+
+#: The "kind" column of the report, per QuantizedLinear kind.
+KIND_LABELS = {"float": "float", "gemm": "jax_gmma.dot GEMM",
+               "weightonly": "FP4 weight-only GEMM (x bf16)"}
 
 #: Published float32 behaviour of all-MiniLM-L6-v2 (sentence-transformers quickstart,
 #: sbert.net/docs/quickstart.html): pairwise cosine similarities, printed to 4 decimals.
@@ -245,7 +255,8 @@ def float_method(dtype: str = "float32") -> Method:
 
 
 def parse_method(spec: str) -> Method:
-  """``FMT`` -> jax-gmma GEMM (FMT must have a kernel); ``emu:FMT`` -> dequantize emulation."""
+  """``FMT`` -> jax-gmma GEMM (FMT must have a kernel); ``emu:FMT`` -> dequantize emulation;
+  ``wo:FMT`` -> FP4 weight-only GEMM (bf16 activations)."""
   return parse_spec(spec, Method)
 
 
@@ -444,8 +455,7 @@ def run(formats: Sequence[str] = DEFAULT_FORMATS, max_sentences: Optional[int] =
   runs += [(m, dtype) for m in methods]
   for m, dt in runs:
     emb, first, steady = timed(m, dt)
-    kind = {"float": "float", "gemm": "jax_gmma.dot GEMM",
-            "emulated": f"emulation (x: {m.x_format})"}[m.kind]
+    kind = (f"emulation (x: {m.x_format})" if m.kind == "emulated" else KIND_LABELS[m.kind])
     if not np.all(np.isfinite(emb)):
       raise FloatingPointError(f"{m.label}: non-finite embeddings")
     rows.append(dict(method=m.label, kind=kind, **compare(ref, emb),
@@ -497,8 +507,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--formats", default=",".join(DEFAULT_FORMATS),
-                  help="comma-separated: GEMM formats (%s) and emu:FMT emulations "
-                       "(default: %%(default)s)" % ", ".join(gemm_formats()))
+                  help="comma-separated: GEMM formats (%s), emu:FMT emulations and wo:FMT FP4 "
+                       "weight-only GEMMs (FMT in %s) (default: %%(default)s)"
+                       % (", ".join(gemm_formats()), ", ".join(weightonly_formats())))
   ap.add_argument("--max-sentences", type=int, default=None,
                   help="use the first N sentences of examples/sentences.txt (default: all)")
   ap.add_argument("--json", metavar="PATH", help="write the results as JSON")
@@ -532,7 +543,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         " fraction of sentences whose nearest neighbour matches float32's; top-k ovl: mean overlap"
         " of the k nearest neighbours; max|dsim|: largest change of a pairwise similarity; para@1:"
         " fraction of paraphrase sentences whose nearest neighbour is a paraphrase; time: one"
-        " compiled forward. emu:FMT rows are a quantize-dequantize emulation, not a GEMM kernel.")
+        " compiled forward. emu:FMT rows are a quantize-dequantize emulation, not a GEMM kernel;"
+        " wo:FMT rows multiply FP4 weights by bf16 activations (no activation quantization).")
   chk = result["float32_checks"]
   pub = chk["published_similarities"]
   print(f"\nfloat32 vs published quickstart similarities {pub['expected']}: got "

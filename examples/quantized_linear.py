@@ -14,9 +14,17 @@ computed. The grammar every example accepts:
   quantizes and dequantizes the activation in the format ``EMU_ACTIVATION_FORMAT`` pairs with the
   weight format (what its GEMM would consume), and a float32 dot (``Precision.HIGHEST``)
   multiplies them; the bias is added in float32 and the result cast to x's dtype.
+* ``wo:FMT``, FMT in ``jax_gmma.weightonly.FORMATS`` (``weightonly_formats()``: ``nvfp4``,
+  ``mxfp4``) -> kind ``"weightonly"``: a real FP4 *weight-only* GEMM. The weight is quantized
+  once to FMT and laid out for the Hopper kernel with ``jax_gmma.weightonly.prepare(w, FMT)`` (a
+  ``PackedWeight``: FP4 codes and block scales in the kernel's layout); every call is
+  ``jax_gmma.dot(x.astype(bfloat16), w_p, bias=b.astype(bfloat16))``: the activation stays bf16
+  (*no activation quantization*), the kernel widens the FP4 weights to bf16 in registers and
+  accumulates in float32, the output (bf16) is cast to x's dtype. The sm_90a kernel on a Hopper
+  GPU with the kernels built, the pure-JAX reference elsewhere. (N must be a multiple of 16.)
 * A plain ``FMT`` in ``jax_gmma.FORMATS`` without a GEMM kernel is an error that points to
-  ``emu:FMT`` (no silent emulation); when the format gains a kernel, its plain name runs it.
-  Anything else raises ``UnknownFormat``.
+  ``emu:FMT`` (and ``wo:FMT`` where the weight-only kernel takes FMT; no silent emulation); when
+  the format gains a kernel, its plain name runs it. Anything else raises ``UnknownFormat``.
 
 An example with kinds of its own (llama_decode's ``bf16`` and ``xla_fp8``) subclasses
 ``QuantizedLinear``, handles those kinds in ``prepare``/``linear`` and in its parser, and leaves
@@ -53,6 +61,12 @@ def gemm_formats() -> Tuple[str, ...]:
           tuple(getattr(api, "DOT_BLOCKWISE_WEIGHT_FORMATS", ())))
 
 
+def weightonly_formats() -> Tuple[str, ...]:
+  """Weight formats of the FP4 weight-only GEMM (``wo:FMT``) in the installed jax-gmma
+  (``jax_gmma.weightonly.FORMATS``; empty in a version without it)."""
+  return tuple(getattr(getattr(jax_gmma, "weightonly", None), "FORMATS", ()))
+
+
 class UnknownFormat(ValueError):
   """A spec that is neither a GEMM format, ``emu:FMT``, nor a format without a kernel."""
 
@@ -60,14 +74,17 @@ class UnknownFormat(ValueError):
 @dataclasses.dataclass(frozen=True)
 class QuantizedLinear:
   """How a Linear is computed. Hashable: it is a static jit argument."""
-  label: str                 # the spec as given ("fp8_channel", "emu:nvfp4", ...)
-  kind: str                  # "gemm" | "emulated" (+ an example's own kinds in a subclass)
+  label: str                 # the spec as given ("fp8_channel", "emu:nvfp4", "wo:nvfp4", ...)
+  kind: str                  # "gemm" | "emulated" | "weightonly" (+ a subclass's own kinds)
   fmt: Optional[str] = None  # weight format
-  x_format: Optional[str] = None  # activation format
+  x_format: Optional[str] = None  # activation format (None: not quantized, weightonly's bf16)
 
   def prepare(self, w):
     """The (N, K) float weight as this kind stores it; done once, outside the jitted model.
-    gemm: the QuantizedArray; emulated: the dequantized weight in float32."""
+    gemm: the QuantizedArray; emulated: the dequantized weight in float32; weightonly: the
+    ``PackedWeight`` (FP4 in the Hopper kernel layout)."""
+    if self.kind == "weightonly":
+      return jax_gmma.weightonly.prepare(w, self.fmt)
     q = jax_gmma.quantize(w, self.fmt)
     if self.kind == "gemm":
       return q
@@ -77,6 +94,9 @@ class QuantizedLinear:
     """x (..., K) float, ``w`` from ``prepare`` -> x @ w.T (+ bias), (..., N) in x's dtype."""
     if self.kind == "gemm":
       return jax_gmma.dot(x, w, bias=bias, x_format=self.x_format)  # out dtype follows x
+    if self.kind == "weightonly":  # bf16 activations x FP4 weights -> bf16, then x's dtype
+      b = None if bias is None else jnp.asarray(bias).astype(jnp.bfloat16)
+      return jax_gmma.dot(x.astype(jnp.bfloat16), w, bias=b).astype(x.dtype)
     lead, k = x.shape[:-1], x.shape[-1]
     x2 = x.reshape(-1, k).astype(jnp.float32)
     xq = jax_gmma.dequantize(jax_gmma.quantize(x2, self.x_format), jnp.float32)
@@ -92,9 +112,16 @@ Q = TypeVar("Q", bound=QuantizedLinear)
 
 def parse_spec(spec: str, cls: Type[Q] = QuantizedLinear) -> Q:
   """``FMT`` -> a jax-gmma GEMM (FMT must have a kernel); ``emu:FMT`` -> the quantize/dequantize
-  emulation; built as ``cls`` (a ``QuantizedLinear`` subclass). Raises ``ValueError`` otherwise
-  (``UnknownFormat`` for a name that is no format at all)."""
+  emulation; ``wo:FMT`` -> the FP4 weight-only GEMM (bf16 activations); built as ``cls`` (a
+  ``QuantizedLinear`` subclass). Raises ``ValueError`` otherwise (``UnknownFormat`` for a name
+  that is no format at all)."""
   spec = spec.strip()
+  if spec.startswith("wo:"):
+    fmt = spec[3:]
+    if fmt not in weightonly_formats():
+      raise ValueError(f"{spec}: the FP4 weight-only GEMM has no format {fmt!r}; wo: formats: "
+                       f"{', '.join(weightonly_formats()) or 'none in this jax-gmma'}")
+    return cls(label=spec, kind="weightonly", fmt=fmt, x_format=None)
   if spec.startswith("emu:"):
     fmt = spec[4:]
     if fmt not in jax_gmma.FORMATS:
@@ -103,8 +130,12 @@ def parse_spec(spec: str, cls: Type[Q] = QuantizedLinear) -> Q:
   if spec in gemm_formats():
     return cls(label=spec, kind="gemm", fmt=spec, x_format=GEMM_ACTIVATION_FORMAT)
   if spec in jax_gmma.FORMATS:
+    wo = (f", or 'wo:{spec}' for the FP4 weight-only GEMM (bf16 activations)"
+          if spec in weightonly_formats() else "")
     raise ValueError(f"{spec}: jax_gmma.dot has no GEMM kernel for this format yet (GEMM formats: "
                      f"{', '.join(gemm_formats())}); use 'emu:{spec}' for the dequantize "
-                     "emulation")
+                     f"emulation{wo}")
+  wo = (f"; weight-only: wo:FMT with FMT in {', '.join(weightonly_formats())}"
+        if weightonly_formats() else "")
   raise UnknownFormat(f"{spec}: unknown format; GEMM formats: {', '.join(gemm_formats())}; "
-                      f"emulation: emu:FMT with FMT in {', '.join(jax_gmma.FORMATS)}")
+                      f"emulation: emu:FMT with FMT in {', '.join(jax_gmma.FORMATS)}{wo}")

@@ -9,6 +9,50 @@ import jaxlib
 from . import _backend, configs
 
 
+def weightonly_path(devs) -> str:
+  """How the FP4 weight-only GEMM (``weightonly_gemm``, ``dot`` on a PackedWeight; target
+  ``jax_gmma_weightonly_gemm``) runs here: the sm_90a kernel on Hopper with the library built,
+  else the pure-JAX reference (an error on a CUDA GPU without the kernel, unless opted in)."""
+  from .weightonly import WEIGHTONLY_TARGET  # noqa: PLC0415
+  if not devs:
+    return "pure-JAX reference (no CUDA GPU)"
+  try:
+    dev = _backend.check_cuda_kernels("weightonly_gemm")
+  except _backend.KernelUnavailable as err:
+    return f"ERROR at trace time unless the reference is allowed: {err}"
+  if dev is None:
+    return "pure-JAX reference (opted in)"
+  if WEIGHTONLY_TARGET not in _registrations():
+    return (f"ERROR: the built library has no {WEIGHTONLY_TARGET} handler (an older library); "
+            "rebuild it")
+  return f"CUDA kernel (sm90a mma.sync, FP4 widened to bf16 in registers; XLA FFI {WEIGHTONLY_TARGET})"
+
+
+def quantize_path(devs) -> str:
+  """How ``quantize`` to fp8_1x128 / mxfp8 (float8_e4m3fn, K last) runs here: the activation
+  quantize kernel (target ``jax_gmma_fp8_quantize``, jax_gmma/quantize_kernel.py) on Hopper with
+  the library built, else pure JAX (never an error: quantize always ran in JAX before)."""
+  from . import quantize_kernel  # noqa: PLC0415
+  target = quantize_kernel.FP8_QUANTIZE_TARGET
+  if not devs:
+    return "pure JAX (no CUDA GPU)"
+  if quantize_kernel.kernel_available():
+    return f"CUDA kernel (sm90a, XLA FFI {target})"
+  if _backend.kernels_built() and target not in _registrations():
+    why = f"the built library has no {target} handler"
+  else:
+    why = f"no kernel for {_backend.device_cc(devs[0])} in this build"
+  return f"pure JAX ({why}; quantize falls back silently, by design)"
+
+
+def _registrations() -> dict:
+  e = _backend.ext()
+  try:
+    return dict(e.registrations()) if e is not None and e.cuda_built() else {}
+  except Exception:  # noqa: BLE001 - an extension without the call: no handlers known
+    return {}
+
+
 def info_text() -> str:
   lines = [f"jax-gmma {__import__('jax_gmma').__version__}",
            f"python {platform.python_version()}, jax {jax.__version__}, jaxlib {jaxlib.__version__}"]
@@ -39,6 +83,9 @@ def info_text() -> str:
     path = f"ERROR at trace time unless the reference is allowed: {err}"
   lines.append("formats / paths:")
   lines.append(f"  fp8 per-tensor / per-channel (fp8_gemm, dot): {path}")
+  lines.append(f"  FP4 weight-only nvfp4 / mxfp4 x bf16 (weightonly_gemm, dot on PackedWeight): "
+               f"{weightonly_path(devs)}")
+  lines.append(f"  activation quantize fp8_1x128 / mxfp8, e4m3 (quantize): {quantize_path(devs)}")
   # Blackwell block-scaled MX / NVFP4 GEMMs (mx_gemm, dot on MX/NVFP4 weights), per format pair.
   from . import mx  # noqa: PLC0415
   cc = _backend.device_cc(devs[0]) if devs else None

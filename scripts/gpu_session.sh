@@ -60,11 +60,11 @@ step() {
     minilm)  # examples/minilm.py on the GPU: needs .minilm/ (--export-half) and .whl/ carried
       python3 -m pip install -q --no-index --no-deps --target /tmp/site "$ORIG"/.whl/*.whl
       PYTHONPATH=/tmp/site timeout ${T_MINILM:-150} python3 -P examples/minilm.py --model-dir "$ORIG/.minilm" \
-        --formats "${MINILM_FORMATS:-fp8_tensor,fp8_channel,fp8_128x128,emu:mxfp8,emu:nvfp4}" --json "$OUT/minilm.json" ;;
+        --formats "${MINILM_FORMATS:-fp8_tensor,fp8_channel,fp8_128x128,emu:mxfp8,emu:nvfp4,wo:nvfp4,wo:mxfp4}" --json "$OUT/minilm.json" ;;
     llama)
       timeout ${T_LLAMA:-200} python3 -P examples/llama_decode.py --layers ${LLAMA_LAYERS:-32} \
         --gen-tokens ${LLAMA_TOKENS:-64} --repeats 2 --no-progress \
-        --formats "${LLAMA_FORMATS:-bf16,xla_fp8,fp8_channel,fp8_128x128}" --json "$OUT/llama.json" ;;
+        --formats "${LLAMA_FORMATS:-bf16,xla_fp8,fp8_channel,fp8_128x128,wo:nvfp4,wo:mxfp4}" --json "$OUT/llama.json" ;;
     wo_smoke|wo_decode|wo_prefill|wo_all)  # benchmarks/bench_weightonly.py suites
       mkdir -p "$OUT/$1"
       timeout ${T_WO:-300} python3 -P benchmarks/bench_weightonly.py --suite "${1#wo_}" --out "$OUT/$1" ${WO_ARGS:-} ;;
