@@ -12,6 +12,15 @@ import pytest
 import jax_gmma
 from jax_gmma import _backend, mx
 
+
+@pytest.fixture
+def reference_path():
+  """These tests check the reference maths (what every backend runs without a kernel). On a GPU
+  without MX kernels (Hopper) that path needs the documented opt-in, or mx_gemm refuses."""
+  with jax_gmma.allow_reference():
+    yield
+
+
 PAIRS = [("mxfp8", "mxfp8", 64), ("mxfp6_e2m3", "mxfp6_e2m3", 128), ("mxfp6_e3m2", "mxfp6_e3m2", 256),
          ("mxfp8", "mxfp4", 128), ("mxfp4", "mxfp4", 96), ("nvfp4", "nvfp4", 64)]
 SW = "sm100_128x4"
@@ -22,6 +31,7 @@ def _q(shape, fmt, seed=0, scale=1.0, **kw):
   return jax_gmma.quantize(x, fmt, layout=SW, **kw)
 
 
+@pytest.mark.usefixtures("reference_path")
 @pytest.mark.parametrize("fa,fb,k", PAIRS)
 @pytest.mark.parametrize("out", [jnp.float32, jnp.bfloat16])
 def test_reference_matches_float64(fa, fb, k, out):
@@ -34,6 +44,7 @@ def test_reference_matches_float64(fa, fb, k, out):
   np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=tol, atol=tol * np.abs(want).max())
 
 
+@pytest.mark.usefixtures("reference_path")
 def test_rows_past_128_and_batched_activations():
   # > 128 rows (two scale atoms) and leading dims with 128-row batch entries.
   aq, bq = _q((2, 128, 64), "mxfp8", 3), _q((264, 64), "mxfp8", 4)
@@ -43,6 +54,7 @@ def test_rows_past_128_and_batched_activations():
                              atol=1e-5)
 
 
+@pytest.mark.usefixtures("reference_path")
 def test_float16_output_and_nvfp4_global_scale_used():
   aq, bq = _q((3, 32), "nvfp4", 5, scale=100.0), _q((8, 32), "nvfp4", 6, scale=0.01)
   assert float(aq.global_scale) != 1.0
@@ -51,6 +63,7 @@ def test_float16_output_and_nvfp4_global_scale_used():
   np.testing.assert_allclose(np.asarray(got, np.float64), mx.reference_float64(aq, bq), rtol=2e-3, atol=1e-3)
 
 
+@pytest.mark.usefixtures("reference_path")
 def test_dot_on_mx_weights():
   x = np.random.default_rng(7).standard_normal((2, 3, 128)).astype(np.float32)
   for wfmt, xfmt in (("mxfp8", "fp8_channel"), ("mxfp4", "mxfp8"), ("nvfp4", "fp8_channel")):
@@ -66,6 +79,7 @@ def test_dot_on_mx_weights():
 
 # -- shape rules: every message ----------------------------------------------------------------
 
+@pytest.mark.usefixtures("reference_path")
 def test_shape_rule_messages():
   a, b = _q((4, 64), "mxfp8"), _q((16, 64), "mxfp8")
   with pytest.raises(TypeError, match="a_q must be a jax_gmma.QuantizedArray"):
