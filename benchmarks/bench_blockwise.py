@@ -89,7 +89,8 @@ if _HERE not in sys.path:  # `python -P` does not put the script's directory on 
 # (from this checkout when it is not installed). Run holds a TorchPeer (torch or a note why not).
 from bench_fp8 import (F8, BF16, F32, F8_MAX, TN, HIGHEST, TOL, H200_SMS, ROTATE_BYTES,  # noqa: E402
                        MAX_SETS, Run, compile_jax, time_jax, rel_err, reference,
-                       dequant_bf16, ours_gemm, xla_fp8_precise_gemm, bf16_gemm, _fmt, _ratio)
+                       dequant_bf16, ours_gemm, xla_fp8_precise_gemm, bf16_gemm, _fmt, _ratio,
+                       md_tail, plot_vs_baseline)
 
 import argparse  # noqa: E402
 import datetime  # noqa: E402
@@ -774,55 +775,15 @@ def markdown(meta, rows, notes, failures, bar_rows) -> str:
         met += f" (goal: {'yes' if b['goal_met'] else 'no'})"
       L.append(f"| {b['where']} | {b['what']} | {b['value']:.3g} | {b['bar']} | {met} |")
     L.append("")
-  if notes:
-    L += ["Notes:", ""] + [f"- {n}" for n in notes] + [""]
-  if failures:
-    L += ["**FAILURES:**", ""] + [f"- {f}" for f in failures] + [""]
+  L += md_tail(notes, failures)
   return "\n".join(L)
 
 
 def plot(path, rows):
-  try:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-  except Exception as e:
-    return f"plot skipped (matplotlib not importable: {type(e).__name__})"
-  panels = []
-  for kind, title in (("gemm", "GEMM"), ("decode", "decode chain (per GEMM)")):
-    groups = {}
-    for r in rows:
-      if r["kind"] == kind:
-        groups.setdefault(f"{r['suite']}:{r['shape']}", {})[r["impl"]] = r
-    groups = {s: g for s, g in groups.items() if OURS in g and g[OURS].get("median_us")}
-    if groups:
-      panels.append((title, groups))
-  if not panels:
-    return "plot skipped (no rows with an ours_1d2d baseline)"
-  fig, axes = plt.subplots(len(panels), 1, figsize=(max(8, 1.4 * max(len(g) for _, g in panels)),
-                                                    4.4 * len(panels)), squeeze=False)
   impls = [PERT, TORCH, XLA, JNN, BF]
   colors = dict(zip(impls, ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:gray")))
-  for ax, (title, groups) in zip(axes[:, 0], panels):
-    labels = list(groups)
-    present = [i for i in impls if any(i in g for g in groups.values())]
-    width = 0.8 / max(1, len(present))
-    for j, impl in enumerate(present):
-      vals = [groups[s][impl]["median_us"] / groups[s][OURS]["median_us"] if impl in groups[s]
-              else float("nan") for s in labels]
-      ax.bar(np.arange(len(labels)) + (j - (len(present) - 1) / 2) * width, vals, width,
-             label=impl, color=colors[impl])
-    ax.axhline(1.0, color="k", lw=0.8, ls="--")
-    ax.set_yscale("log")
-    ax.set_xticks(np.arange(len(labels)))
-    ax.set_xticklabels([s.split(":", 1)[1] for s in labels], rotation=30, ha="right", fontsize=8)
-    ax.set_ylabel("t_impl / t_ours_1d2d (log)")
-    ax.set_title(f"{title}: above 1 = ours_1d2d faster")
-    ax.legend(fontsize=8)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
-  return None
+  return plot_vs_baseline(path, rows, OURS, impls, colors, speedup=False, log=True,
+                          ylabel=f"t_impl / t_{OURS} (log)", title=f"above 1 = {OURS} faster")
 
 
 # -- main -----------------------------------------------------------------------------------

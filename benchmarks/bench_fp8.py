@@ -810,14 +810,24 @@ def markdown(meta, rows, notes, failures) -> str:
                    f"{_fmt(r.get('handler_us'), '.2f')} / "
                    f"{_fmt(r.get('handler_us_default_flags'), '.2f')} |")
     L.append("")
+  L += md_tail(notes, failures)
+  return "\n".join(L)
+
+
+def md_tail(notes, failures) -> list:
+  """The closing lines of a benchmark's markdown: notes, then failures."""
+  L = []
   if notes:
     L += ["Notes:", ""] + [f"- {n}" for n in notes] + [""]
   if failures:
     L += ["**FAILURES:**", ""] + [f"- {f}" for f in failures] + [""]
-  return "\n".join(L)
+  return L
 
 
-def plot(path, rows) -> str | None:
+def plot_vs_baseline(path, rows, base, impls, colors, *, speedup, ylabel, title, log=False):
+  """One bar panel per row kind (GEMM, decode chain): each impl's time relative to `base`'s on
+  the same suite and shape -- t_base / t_impl when `speedup`, else t_impl / t_base. Returns why
+  no plot was written (None when it was)."""
   try:
     import matplotlib
     matplotlib.use("Agg")
@@ -825,39 +835,52 @@ def plot(path, rows) -> str | None:
   except Exception as e:
     return f"plot skipped (matplotlib not importable: {type(e).__name__})"
   panels = []
-  for kind, title in (("gemm", "GEMM"), ("decode", "decode chain (per GEMM)")):
+  for kind, kind_title in (("gemm", "GEMM"), ("decode", "decode chain (per GEMM)")):
     groups = {}
     for r in rows:
       if r["kind"] == kind:
         groups.setdefault(f"{r['suite']}:{r['shape']}", {})[r["impl"]] = r
-    groups = {s: g for s, g in groups.items() if XLA in g and g[XLA].get("median_us")}
+    groups = {s: g for s, g in groups.items() if base in g and g[base].get("median_us")}
     if groups:
-      panels.append((title, groups))
+      panels.append((kind_title, groups))
   if not panels:
-    return "plot skipped (no rows with an xla_fp8 baseline)"
-  fig, axes = plt.subplots(len(panels), 1, figsize=(max(8, 1.3 * max(len(g) for _, g in panels)),
-                                                    4.2 * len(panels)), squeeze=False)
-  impls = [OURS, OURS_FAST, XLA_PRECISE, BF, TORCH]
-  colors = dict(zip(impls, ("tab:blue", "tab:cyan", "tab:green", "tab:gray", "tab:orange")))
-  for ax, (title, groups) in zip(axes[:, 0], panels):
+    return f"plot skipped (no rows with an {base} baseline)"
+  fig, axes = plt.subplots(len(panels), 1, figsize=(max(8, 1.4 * max(len(g) for _, g in panels)),
+                                                    4.3 * len(panels)), squeeze=False)
+  for ax, (kind_title, groups) in zip(axes[:, 0], panels):
     labels = list(groups)
     present = [i for i in impls if any(i in g for g in groups.values())]
     width = 0.8 / max(1, len(present))
     for j, impl in enumerate(present):
-      vals = [groups[s][XLA]["median_us"] / groups[s][impl]["median_us"] if impl in groups[s] else 0
-              for s in labels]
+      vals = []
+      for s in labels:
+        if impl not in groups[s] or not groups[s][impl].get("median_us"):
+          vals.append(float("nan"))
+          continue
+        t_base, t_impl = groups[s][base]["median_us"], groups[s][impl]["median_us"]
+        vals.append(t_base / t_impl if speedup else t_impl / t_base)
       ax.bar(np.arange(len(labels)) + (j - (len(present) - 1) / 2) * width, vals, width,
              label=impl, color=colors[impl])
     ax.axhline(1.0, color="k", lw=0.8, ls="--")
+    if log:
+      ax.set_yscale("log")
     ax.set_xticks(np.arange(len(labels)))
     ax.set_xticklabels([s.split(":", 1)[1] for s in labels], rotation=30, ha="right", fontsize=8)
-    ax.set_ylabel("speedup vs xla_fp8 (t_xla / t_impl)")
-    ax.set_title(f"{title}: higher is faster than XLA's FP8 GEMM")
+    ax.set_ylabel(ylabel)
+    ax.set_title(f"{kind_title}: {title}")
     ax.legend(fontsize=8)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)
   return None
+
+
+def plot(path, rows) -> str | None:
+  impls = [OURS, OURS_FAST, XLA_PRECISE, BF, TORCH]
+  colors = dict(zip(impls, ("tab:blue", "tab:cyan", "tab:green", "tab:gray", "tab:orange")))
+  return plot_vs_baseline(path, rows, XLA, impls, colors, speedup=True,
+                          ylabel="speedup vs xla_fp8 (t_xla / t_impl)",
+                          title="higher is faster than XLA's FP8 GEMM")
 
 
 # -- main -----------------------------------------------------------------------------------
