@@ -109,6 +109,22 @@ def _gemm_dims(a_shape, b_shape) -> tuple:
   return batch, m, k, n
 
 
+def _normalize_operands(a_shape, a_dtype, b_shape, b_dtype, out_dtype, outs: str):
+  """Shapes as tuples, dtypes as numpy dtypes, and the rank rules every GEMM shares: a
+  (..., M, K), b (N, K). `outs` lists the valid output dtypes for the error message."""
+  a_shape, b_shape = tuple(a_shape), tuple(b_shape)
+  a_dtype, b_dtype = np.dtype(a_dtype), np.dtype(b_dtype)
+  try:
+    out_dtype = np.dtype(out_dtype)
+  except TypeError as e:
+    raise TypeError(f"out_dtype must be one of {outs}, got {out_dtype!r}") from e
+  if len(a_shape) < 2:
+    raise ValueError(f"a must have rank >= 2 (..., M, K), got shape {a_shape}")
+  if len(b_shape) != 2:
+    raise ValueError(f"b must have rank 2 (N, K), got shape {b_shape}")
+  return a_shape, a_dtype, b_shape, b_dtype, out_dtype
+
+
 def fp8_gemm_problem(a_shape, a_dtype, b_shape, b_dtype, *, a_scale_shape=None, a_scale_dtype=None,
                      b_scale_shape=None, b_scale_dtype=None, bias_shape=None, bias_dtype=None,
                      out_dtype=BF16) -> GemmProblem:
@@ -117,16 +133,8 @@ def fp8_gemm_problem(a_shape, a_dtype, b_shape, b_dtype, *, a_scale_shape=None, 
   a: (..., M, K) fp8, K contiguous; b: (N, K) fp8, K contiguous (the layout of cuBLASLt's and
   DeepGEMM's "TN" GEMM: both operands K-major).
   """
-  a_shape, b_shape = tuple(a_shape), tuple(b_shape)
-  a_dtype, b_dtype = np.dtype(a_dtype), np.dtype(b_dtype)
-  try:
-    out_dtype = np.dtype(out_dtype)
-  except TypeError as e:
-    raise TypeError(f"out_dtype must be one of bfloat16, float16, float32, got {out_dtype!r}") from e
-  if len(a_shape) < 2:
-    raise ValueError(f"a must have rank >= 2 (..., M, K), got shape {a_shape}")
-  if len(b_shape) != 2:
-    raise ValueError(f"b must have rank 2 (N, K), got shape {b_shape}")
+  a_shape, a_dtype, b_shape, b_dtype, out_dtype = _normalize_operands(
+      a_shape, a_dtype, b_shape, b_dtype, out_dtype, "bfloat16, float16, float32")
   if a_dtype not in FP8_DTYPES:
     raise TypeError(f"a must be float8_e4m3fn or float8_e5m2, got {_name(a_dtype)} "
                     "(quantize it first, e.g. jax_gmma.quantize)")
@@ -218,17 +226,9 @@ def fp8_blockwise_problem(a_shape, a_dtype, b_shape, b_dtype, a_scales_shape, a_
   b_scales: (ceil(N/128), ceil(K/128)) float32 (128x128 blocks, "1d2d") or (N, ceil(K/128))
   float32 (1x128 blocks, "1d1d"). A partial last K block (K % 128 != 0) is allowed.
   """
-  a_shape, b_shape = tuple(a_shape), tuple(b_shape)
-  a_dtype, b_dtype = np.dtype(a_dtype), np.dtype(b_dtype)
   outs = ", ".join(_name(d) for d in BLOCKWISE_OUT_DTYPES)
-  try:
-    out_dtype = np.dtype(out_dtype)
-  except TypeError as e:
-    raise TypeError(f"out_dtype must be one of {outs}, got {out_dtype!r}") from e
-  if len(a_shape) < 2:
-    raise ValueError(f"a must have rank >= 2 (..., M, K), got shape {a_shape}")
-  if len(b_shape) != 2:
-    raise ValueError(f"b must have rank 2 (N, K), got shape {b_shape}")
+  a_shape, a_dtype, b_shape, b_dtype, out_dtype = _normalize_operands(
+      a_shape, a_dtype, b_shape, b_dtype, out_dtype, outs)
   if a_dtype != F8E4M3:
     raise TypeError(f"a must be float8_e4m3fn (block-scaled kernels are built for e4m3 x e4m3 only), "
                     f"got {_name(a_dtype)} (quantize it first, e.g. jax_gmma.quantize(x, 'fp8_1x128'))")
