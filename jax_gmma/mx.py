@@ -317,7 +317,8 @@ def unavailable_reason(problem: MxProblem, cc: Optional[str], device_kind: str =
   if arch == "sm_90a":
     return arch, (f"no {pair} kernel for sm_90a ({dev}): Hopper has no MX/NVFP4 block-scaled "
                   "tensor-core instructions (its block-scaled kernels are the FP8 1x128/128x128 "
-                  "family, jax_gmma.blockwise_gemm)")
+                  "family, jax_gmma.blockwise_gemm; NVFP4/MXFP4 *weights* with bf16 activations "
+                  "run on Hopper through jax_gmma.weightonly.prepare(w, fmt) and dot)")
   if arch not in _backend.built_archs():
     return arch, (f"this build of jax_gmma has no {arch} kernels (built archs: "
                   f"{', '.join(_backend.built_archs()) or 'none'}); rebuild with "
