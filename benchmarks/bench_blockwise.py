@@ -90,7 +90,7 @@ if _HERE not in sys.path:  # `python -P` does not put the script's directory on 
 from bench_fp8 import (F8, BF16, F32, F8_MAX, TN, HIGHEST, TOL, H200_SMS, ROTATE_BYTES,  # noqa: E402
                        MAX_SETS, Run, compile_jax, time_jax, rel_err, reference,
                        dequant_bf16, ours_gemm, xla_fp8_precise_gemm, bf16_gemm, _fmt, _ratio,
-                       md_tail, plot_vs_baseline)
+                       md_tail, md_header, plot_vs_baseline, suites_of, _by_shape)
 
 import argparse  # noqa: E402
 import datetime  # noqa: E402
@@ -661,14 +661,6 @@ def _quant_gemm(x, b, sb):
 
 # -- reports --------------------------------------------------------------------------------
 
-def _groups(rows, kind, suite):
-  g = {}
-  for r in rows:
-    if r["kind"] == kind and r["suite"] == suite:
-      g.setdefault(r["shape"], {})[r["impl"]] = r
-  return g
-
-
 def bars(rows):
   """The issue's bars, evaluated on the measured rows (not on smoke rows: tiny shapes)."""
   out = []
@@ -703,24 +695,12 @@ def bars(rows):
 
 
 def markdown(meta, rows, notes, failures, bar_rows) -> str:
-  L = [f"# jax-gmma block-scaled FP8 GEMM benchmark ({meta['suite']})", "",
-       f"- date: {meta['date']}",
-       f"- device: {meta['device_kind']} (backend={meta['backend']}, {meta['sm_count'] or '?'} SMs); "
-       f"ours runs the **{meta['ours_path']}** path",
-       f"- jax {meta['jax']}, jaxlib {meta['jaxlib']}, jax-gmma {meta['jax_gmma']}, "
-       f"torch {meta['torch'] or '—'}; XLA_FLAGS={meta['xla_flags']!r}",
-       f"- median of {meta['repeats']} repeats (>= {meta['repeat_ms']} ms each); "
-       "speedup = t_peer / t_ours_1d2d (> 1: ours_1d2d faster)",
-       f"- MXFP8 quantizer for jax.nn.scaled_matmul: {meta['mx_quantizer']}", ""]
-  if meta["backend"] != "gpu":
-    L += ["> backend is not a GPU: ours is the pure-JAX reference and jax.nn.scaled_matmul is "
-          "emulated; the times are not a performance measurement (plumbing check only).", ""]
-  suites = []
-  for r in rows:
-    if (r["suite"], r["kind"]) not in suites:
-      suites.append((r["suite"], r["kind"]))
-  for suite, kind in suites:
-    groups = _groups(rows, kind, suite)
+  L = md_header("jax-gmma block-scaled FP8 GEMM benchmark", meta,
+                "speedup = t_peer / t_ours_1d2d (> 1: ours_1d2d faster)",
+                extra=[f"- MXFP8 quantizer for jax.nn.scaled_matmul: {meta['mx_quantizer']}"],
+                off_gpu="ours is the pure-JAX reference and jax.nn.scaled_matmul is emulated;")
+  for suite, kind in suites_of(rows):
+    groups = _by_shape(rows, kind, suite)
     if kind == "gemm":
       L += [f"## {suite}: GEMM (TFLOP/s)", "",
             "| M×N×K | ours_1d2d config (splits) | rel err | ours_1d2d | ours_pertensor | "

@@ -747,23 +747,31 @@ def _speed(g, peer):
   return o.get("speedup_vs", {}).get(peer)
 
 
-def markdown(meta, rows, notes, failures) -> str:
-  L = [f"# jax-gmma FP8 GEMM benchmark ({meta['suite']})", "",
+def md_header(title, meta, speedup_line, extra=(), off_gpu="ours is the pure-JAX reference and") -> list:
+  """The opening lines of a benchmark's markdown: title, date, device, versions, method."""
+  L = [f"# {title} ({meta['suite']})", "",
        f"- date: {meta['date']}",
        f"- device: {meta['device_kind']} (backend={meta['backend']}, {meta['sm_count'] or '?'} SMs); "
        f"ours runs the **{meta['ours_path']}** path",
        f"- jax {meta['jax']}, jaxlib {meta['jaxlib']}, jax-gmma {meta['jax_gmma']}, "
        f"torch {meta['torch'] or '—'}; XLA_FLAGS={meta['xla_flags']!r}",
-       f"- median of {meta['repeats']} repeats (>= {meta['repeat_ms']} ms each); speedup = "
-       "t_peer / t_ours (> 1: ours faster)", ""]
+       f"- median of {meta['repeats']} repeats (>= {meta['repeat_ms']} ms each); {speedup_line}",
+       *extra, ""]
   if meta["backend"] != "gpu":
-    L += ["> backend is not a GPU: ours is the pure-JAX reference and the times are not a "
-          "performance measurement (plumbing check only).", ""]
-  suites = []
-  for r in rows:
-    if (r["suite"], r["kind"]) not in suites:
-      suites.append((r["suite"], r["kind"]))
-  for suite, kind in suites:
+    L += [f"> backend is not a GPU: {off_gpu} the times are not a performance measurement "
+          "(plumbing check only).", ""]
+  return L
+
+
+def suites_of(rows) -> list:
+  """(suite, kind) pairs in the order the rows first show them."""
+  return list(dict.fromkeys((r["suite"], r["kind"]) for r in rows))
+
+
+def markdown(meta, rows, notes, failures) -> str:
+  L = md_header("jax-gmma FP8 GEMM benchmark", meta,
+                "speedup = t_peer / t_ours (> 1: ours faster)")
+  for suite, kind in suites_of(rows):
     groups = _by_shape(rows, kind, suite)
     if kind == "gemm":
       L += [f"## {suite}: GEMM (TFLOP/s)", "",
