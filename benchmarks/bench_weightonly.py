@@ -31,7 +31,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:  # `python -P` does not put the script's directory on sys.path
   sys.path.insert(0, _HERE)
 
-from bench_fp8 import F8, BF16, F32, TN, compile_jax, time_jax  # noqa: E402
+from bench_fp8 import F8, BF16, F32, TN, compile_jax, md_tail, time_jax  # noqa: E402
 
 import argparse  # noqa: E402
 import datetime  # noqa: E402
@@ -243,8 +243,7 @@ def main(argv=None):
     json.dump(dict(meta=meta, rows=rows, failures=fails), f, indent=1, default=str)
   md = (f"# FP4 weight-only GEMM ({meta['device']}, {meta['date']}, jax {meta['jax']})\n\n"
         + _table(rows, "decode") + "\n" + _table(rows, "prefill"))
-  if fails:
-    md += "\n**Failures:**\n" + "\n".join(f"- {f}" for f in fails) + "\n"
+  md += "\n".join(["", *md_tail([], fails)])
   with open(os.path.join(args.out, "bench_weightonly.md"), "w") as f:
     f.write(md)
   print(md)

@@ -37,7 +37,7 @@ def dot(x, w: QuantizedArray, *, bias=None, out_dtype=None, x_format: str = "fp8
   (one scale per token and 128 of K; ``x_format`` and ``fast_accum`` do not apply) and the
   product runs on :func:`jax_gmma.blockwise_gemm`.
   """
-  from .weightonly import PackedWeight, weightonly_gemm  # noqa: PLC0415
+  from .weightonly import PackedWeight  # noqa: PLC0415
   if isinstance(w, PackedWeight):
     return _dot_weightonly(x, w, bias=bias, out_dtype=out_dtype)
   if not isinstance(w, QuantizedArray):
