@@ -515,6 +515,14 @@ def _quantize_impl(x, fmt_name: str, dt_name: str, axis: int):
     if fmt.kind == "tensor":
         data = data.reshape(canon)
         scales = scales.reshape(())
+    # XLA on GPU (xla_allow_excess_precision, on by default) folds a
+    # convert(convert(v, narrow), float32) pair into v.  Without this barrier a
+    # dequantize (or any widening use of data / scales) in the same jitted
+    # program as this quantize would see the unrounded values -- inconsistent
+    # with the stored operands (measured on the H200: fp8_tensor/fp8_channel
+    # came back unquantized, NVFP4 dot off by 26%).  The barrier makes the
+    # stored, rounded values the only ones downstream code can see.
+    data, scales = jax.lax.optimization_barrier((data, scales))
     return data, scales, global_scale
 
 

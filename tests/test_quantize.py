@@ -124,6 +124,20 @@ def test_round_trip_error(fmt, dtype):
 
 
 @pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_quantize_dequantize_in_one_jit_equals_materialized(fmt):
+    # On a GPU, XLA's excess-precision folding (on by default) once turned
+    # convert(convert(v, fp8/fp4), f32) inside one program into v: the
+    # dequantized values were not those of the stored operands.  Each program
+    # (fused, and quantize / dequantize apart) must give the same bits.
+    x = normal(11, (48, 160)) * 3.0
+    fused = jax.jit(lambda a: dequantize(quantize(a, fmt)))(x)
+    q = quantize(x, fmt)
+    apart = dequantize(q)
+    np.testing.assert_array_equal(np.asarray(fused), np.asarray(apart))
+    assert rel_fro(apart, x) > 1e-3  # really quantized
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
 def test_batched_axis_and_dtypes(fmt):
     x = normal(3, (2, 40, 72))
     q = quantize(x, fmt)
