@@ -496,6 +496,17 @@ def _n_distinct(n, k, budget):
   return d
 
 
+def _nk_list(text: str):
+  """``"N:K,N:K"`` -> ``[(N, K), ...]`` (argparse type of --decode-shapes)."""
+  out = []
+  for item in filter(None, text.split(",")):
+    n, sep, k = item.partition(":")
+    if not sep or not n.isdigit() or not k.isdigit():
+      raise argparse.ArgumentTypeError(f"decode shape {item!r} is not N:K")
+    out.append((int(n), int(k)))
+  return out
+
+
 def bench_decode(run: Run, suite: str, n: int, k: int, ms, budget):
   args = run.args
   d = _n_distinct(n, k, budget)
@@ -910,6 +921,11 @@ def parse_args(argv=None):
   p.add_argument("--decode-configs", default="", type=lambda v: [c for c in v.split(",") if c],
                  help="comma-separated kernel configs to also time in the decode chains, as "
                       "extra rows 'ours[<config>]' (tuning aid)")
+  p.add_argument("--decode-shapes", default="", type=_nk_list,
+                 help="decode suite (N, K) list as N:K,N:K (default 8192:8192,28672:8192), e.g. "
+                      "the Llama-3-8B linears 6144:4096,4096:4096,28672:4096,4096:14336")
+  p.add_argument("--decode-ms", default="", type=lambda v: [int(m) for m in v.split(",") if m],
+                 help="decode suite token counts as M,M (default 1,16,64)")
   p.add_argument("--no-plot", action="store_true", help="do not write the PNG")
   p.add_argument("--host-cost-child", action="store_true", help=argparse.SUPPRESS)
   a = p.parse_args(argv)
@@ -959,9 +975,9 @@ def main(argv=None) -> int:
     for m, n, k in LARGE_SHAPES:
       run.guard(f"large {m}x{n}x{k}", bench_gemm, "large", m, n, k)
   if args.suite in ("decode", "all"):
-    for n, k in DECODE_NK:
-      run.guard(f"decode N={n} K={k}", bench_decode, "decode", n, k, DECODE_MS,
-                DECODE_WEIGHT_BUDGET)
+    for n, k in args.decode_shapes or DECODE_NK:
+      run.guard(f"decode N={n} K={k}", bench_decode, "decode", n, k,
+                tuple(args.decode_ms) or DECODE_MS, DECODE_WEIGHT_BUDGET)
   if args.suite in ("host", "all"):
     run.guard("host cost", bench_host, "host")
   capture1 = ext.capture_stats() if capture0 is not None else None

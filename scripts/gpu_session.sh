@@ -55,7 +55,7 @@ step() {
     sweep_large)
       timeout ${T_SWEEP_LARGE:-240} python3 -P benchmarks/sweep.py --suite large --out "$OUT/sweep" ${SWEEP_LARGE_ARGS:-} ;;
     large) bench large ${T_LARGE:-300} ;;
-    decode) bench decode ${T_DECODE:-150} --no-plot --decode-configs "${DECODE_CONFIGS:-}" ;;
+    decode) bench decode ${T_DECODE:-150} --no-plot --decode-configs "${DECODE_CONFIGS:-}" ${DECODE_ARGS:-} ;;
     host) bench host ${T_HOST:-60} --no-plot ;;
     minilm)  # examples/minilm.py on the GPU: needs .minilm/ (--export-half) and .whl/ carried
       python3 -m pip install -q --no-index --no-deps --target /tmp/site "$ORIG"/.whl/*.whl
