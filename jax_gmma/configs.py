@@ -133,6 +133,12 @@ def useful_fraction(problem: GemmProblem, cfg: KernelConfig, sm_count: int) -> f
 #: A data-parallel grid whose useful fraction is below this is replaced by the next candidate
 #: (and in the end by stream-K).
 MIN_USEFUL_FRACTION = 0.85
+#: Decode: 64-row ping-pong tiles (no split) unless the weight rows make fewer than
+#: sm_count / this many of them; then 128-row tiles with K split. Was 2 until the Llama-3-8B
+#: shapes were swept (benchmarks/results/2026-11-29-h200/session4/sweep_llama): at N = 4096
+#: (64 tiles on 132 SMs) the unsplit ping-pong tile is 1.31x faster than the 4-way split at
+#: M = 1, K = 4096, and 1.14x at K = 14336.
+SPLIT_BELOW_SM_FRACTION = 3
 #: CUTLASS's stream-K heuristic decomposition (passed as splits=0 to the kernel).
 STREAM_K_HEURISTIC = 0
 # Candidates in order of preference (measured per-tile speed on an H200, benchmarks/sweep.py,
@@ -152,8 +158,8 @@ def select_config(problem: GemmProblem, sm_count: int, *, fast_accum: bool = Fal
   Decode (M <= 64): swap-AB with the smallest N tile covering M. 64-row ping-pong tiles (no
   workspace) when the weight rows make at most one wave of them; more weight rows: 128-row
   cooperative tiles with CUTLASS's stream-K decomposition (measured at N = 28672: 5-11% faster
-  than 3.4 waves of 64-row tiles); fewer than half the SMs' worth of 64-row tiles: 128-row tiles
-  with K split until the weight stream covers the SMs. Otherwise: the first large tile of the
+  than 3.4 waves of 64-row tiles); fewer than a third of the SMs' worth of 64-row tiles
+  (SPLIT_BELOW_SM_FRACTION): 128-row tiles with K split until the weight stream covers the SMs. Otherwise: the first large tile of the
   requested accumulation mode (128x192 then 128x128 for two-level; 128x256, 128x192, 128x128
   ping-pong for fast) whose grid has a useful fraction >= MIN_USEFUL_FRACTION, else stream-K.
   """
@@ -176,7 +182,7 @@ def select_config(problem: GemmProblem, sm_count: int, *, fast_accum: bool = Fal
         cfg = CONFIGS[f"swap_128x{tn}x128_coop_streamk_2lvl"]
         if splits is None:
           splits = STREAM_K_HEURISTIC
-      elif tiles < sm_count // 2:
+      elif tiles < sm_count // SPLIT_BELOW_SM_FRACTION:
         cfg = CONFIGS[f"swap_128x{tn}x128_coop_streamk_2lvl"]
     else:
       cfg = CONFIGS["128x256x128_c1x1_coop_streamk_fast" if fast_accum

@@ -29,6 +29,13 @@ def test_decode_fills_the_gpu():
   assert cfg.swap_ab and cfg.stream_k and configs.num_tiles(prob(1, 1024, 8192), cfg) * s >= 64
 
 
+def test_decode_unsplit_pingpong_at_llama_widths():
+  # N = 4096: 64 ping-pong tiles (> 132 / 3): no split (measured 1.31x faster than 4 splits).
+  for n, k in ((4096, 4096), (4096, 14336), (6144, 4096)):
+    cfg, s = configs.select_config(prob(1, n, k), 132)
+    assert cfg.name == "swap_64x16x128_pingpong_2lvl" and s == 1, (n, k, cfg.name, s)
+
+
 def test_fast_accum_picks_fast_variant_for_large():
   cfg, _ = configs.select_config(prob(8192, 8192, 8192), 132, fast_accum=True)
   assert cfg.name == "128x256x128_c2x1_coop_fast"
