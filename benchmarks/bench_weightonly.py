@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""FP4 weight-only GEMM benchmark (jax_gmma.weightonly_gemm on Hopper) against its peers.
+"""FP4 / FP6 weight-only GEMM benchmark (jax_gmma.weightonly_gemm on Hopper) against its peers.
 
     python3 -P benchmarks/bench_weightonly.py --suite {decode,prefill,smoke,all} [--out DIR]
 
@@ -9,6 +9,7 @@ when a correctness check of ours fails.
 Implementations (same process, same run; every one gets bf16 activations in and bf16 out)
   ours_nvfp4 / ours_mxfp4  jax_gmma.weightonly_gemm(x, prepare(w, fmt)): FP4 weights (packed codes
                      + scale codes streamed), bf16 activations.
+  ours_mxfp6_e2m3 / ours_mxfp6_e3m2  the same with MXFP6 weights (0.78 byte per weight).
   ours_fp8           jax_gmma.fp8_gemm on an fp8 (e4m3, per-tensor scale) copy of the weights,
                      activation cast to fp8 in the chain: our FP8 decode kernel.
   xla_fp8            XLA's FP8 GEMM (fp8 operands straight into lax.dot_general -> cuBLASLt FP8
@@ -51,7 +52,10 @@ L2_BYTES = 60e6
 DECODE_SHAPES = ((28672, 8192), (8192, 8192), (8192, 28672), (4096, 14336))
 DECODE_MS = (1, 4, 16)
 PREFILL_SHAPES = ((8192, 8192), (28672, 8192))
-TOL = {"ours_nvfp4": 1e-2, "ours_mxfp4": 1e-2, "ours_fp8": 5e-2}
+TOL = {"ours_nvfp4": 1e-2, "ours_mxfp4": 1e-2, "ours_mxfp6_e2m3": 1e-2, "ours_mxfp6_e3m2": 1e-2,
+       "ours_fp8": 5e-2}
+WO_IMPLS = {"ours_nvfp4": "nvfp4", "ours_mxfp4": "mxfp4", "ours_mxfp6_e2m3": "mxfp6_e2m3",
+            "ours_mxfp6_e3m2": "mxfp6_e3m2"}
 
 
 def _to_k(y, k):
@@ -76,6 +80,8 @@ def _steps(k):
   return {
       "ours_nvfp4": lambda x, w: jax_gmma.weightonly_gemm(x, w),
       "ours_mxfp4": lambda x, w: jax_gmma.weightonly_gemm(x, w),
+      "ours_mxfp6_e2m3": lambda x, w: jax_gmma.weightonly_gemm(x, w),
+      "ours_mxfp6_e3m2": lambda x, w: jax_gmma.weightonly_gemm(x, w),
       "ours_fp8": lambda x, w: jax_gmma.fp8_gemm(x.astype(F8), w[0], None, w[1], out_dtype=BF16),
       "xla_fp8": lambda x, w: (lax.dot_general(x.astype(F8), w[0], TN, preferred_element_type=F32)
                                * w[1]).astype(BF16),
@@ -85,10 +91,8 @@ def _steps(k):
 
 
 def _weights(impl, w32):
-  if impl == "ours_nvfp4":
-    return wo.prepare(w32, "nvfp4")
-  if impl == "ours_mxfp4":
-    return wo.prepare(w32, "mxfp4")
+  if impl in WO_IMPLS:
+    return wo.prepare(w32, WO_IMPLS[impl])
   if impl in ("ours_fp8", "xla_fp8"):
     s = jnp.max(jnp.abs(w32)) / 448.0
     return ((w32 / s).astype(F8), s.astype(F32))
@@ -98,7 +102,7 @@ def _weights(impl, w32):
 
 
 def _dequant(impl, w):
-  if impl.startswith("ours_nv") or impl.startswith("ours_mx"):
+  if impl in WO_IMPLS:
     return wo.dequantize_packed(w)
   if impl in ("ours_fp8", "xla_fp8"):
     return w[0].astype(F32) * w[1]
@@ -110,6 +114,8 @@ def _dequant(impl, w):
 def _wbytes(impl, n, k):
   if impl.startswith("ours_nv"):
     return n * k // 2 + n * k // 16
+  if impl.startswith("ours_mxfp6"):
+    return n * k * 3 // 4 + n * k // 32
   if impl.startswith("ours_mx"):
     return n * k // 2 + n * k // 32
   if impl in ("ours_fp8", "xla_fp8"):
@@ -202,7 +208,9 @@ def _table(rows, suite):
   unit = "us/GEMM" if suite == "decode" else "us"
   head = "| M x N x K | " + " | ".join(f"{i} {unit}" for i in impls)
   head += " | nvfp4 vs ours_fp8 | nvfp4 vs xla_fp8 | nvfp4 vs bf16 | nvfp4 GB/s |"
-  lines = [head, "|" + "---|" * (len(impls) + 5)]
+  fp6 = [i for i in ("ours_mxfp6_e2m3", "ours_mxfp6_e3m2") if i in impls]
+  head += "".join(f" {i[5:]} vs ours_fp8 | {i[5:]} GB/s |" for i in fp6)
+  lines = [head, "|" + "---|" * (len(impls) + 5 + 2 * len(fp6))]
   for key in keys:
     by = {r["impl"]: r for r in sel if (r["m"], r["n"], r["k"]) == key}
     cells = [f"{by[i]['us']:.2f}" if i in by else "-" for i in impls]
@@ -212,8 +220,13 @@ def _table(rows, suite):
         return f"{by[peer]['us'] / by['ours_nvfp4']['us']:.2f}x"
       return "-"
     gb = f"{by['ours_nvfp4']['gbps']:.0f}" if "ours_nvfp4" in by and "gbps" in by["ours_nvfp4"] else "-"
+    extra = ""
+    for i in fp6:
+      r6 = f"{by['ours_fp8']['us'] / by[i]['us']:.2f}x" if i in by and "ours_fp8" in by else "-"
+      g6 = f"{by[i]['gbps']:.0f}" if i in by and "gbps" in by[i] else "-"
+      extra += f" {r6} | {g6} |"
     lines.append(f"| {key[0]}x{key[1]}x{key[2]} | " + " | ".join(cells) +
-                 f" | {ratio('ours_fp8')} | {ratio('xla_fp8')} | {ratio('bf16')} | {gb} |")
+                 f" | {ratio('ours_fp8')} | {ratio('xla_fp8')} | {ratio('bf16')} | {gb} |" + extra)
   return f"### {suite}\n\n" + "\n".join(lines) + "\n"
 
 
@@ -223,7 +236,8 @@ def main(argv=None):
   p.add_argument("--out", default="bench_weightonly_out")
   p.add_argument("--repeats", type=int, default=10)
   p.add_argument("--repeat-ms", type=float, default=50.0)
-  p.add_argument("--impls", default="ours_nvfp4,ours_mxfp4,ours_fp8,xla_fp8,bf16,xla_dequant_nvfp4")
+  p.add_argument("--impls", default="ours_nvfp4,ours_mxfp4,ours_mxfp6_e2m3,ours_mxfp6_e3m2,ours_fp8,"
+                 "xla_fp8,bf16,xla_dequant_nvfp4")
   args = p.parse_args(argv)
   impls = args.impls.split(",")
   rows, fails = [], []
@@ -241,7 +255,7 @@ def main(argv=None):
               device=dev.device_kind, jax=jax.__version__, chain=CHAIN, suite=args.suite)
   with open(os.path.join(args.out, "bench_weightonly.json"), "w") as f:
     json.dump(dict(meta=meta, rows=rows, failures=fails), f, indent=1, default=str)
-  md = (f"# FP4 weight-only GEMM ({meta['device']}, {meta['date']}, jax {meta['jax']})\n\n"
+  md = (f"# FP4 / FP6 weight-only GEMM ({meta['device']}, {meta['date']}, jax {meta['jax']})\n\n"
         + _table(rows, "decode") + "\n" + _table(rows, "prefill"))
   md += "\n".join(["", *md_tail([], fails)])
   with open(os.path.join(args.out, "bench_weightonly.md"), "w") as f:

@@ -28,44 +28,14 @@
 #include <cuda_runtime.h>
 
 #include "jax_gmma/weightonly_api.h"
+#include "jax_gmma/weightonly_common.cuh"
 
 namespace jax_gmma {
 namespace {
 
-constexpr int kWarps = 8;
+using namespace wo_detail;
+
 constexpr int kTileBytes = 512;  // 16 rows x 64 K of e2m1 codes
-
-struct WoParams {
-  int64_t m, n, k;
-  const __nv_bfloat16* x;
-  const float* x_scale;
-  const uint8_t* w;
-  const uint8_t* s;
-  const float* w_global;
-  const void* bias;
-  void* d;
-};
-
-// Weights are read once: no L1 allocation.
-__device__ __forceinline__ uint4 ld_stream(const void* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-
-__device__ __forceinline__ uint32_t ld_u16(const void* p) {
-  unsigned short v;
-  asm volatile("ld.global.nc.u16 %0, [%1];" : "=h"(v) : "l"(p));
-  return v;
-}
-
-__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
-  uint32_t d;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
-  return d;
-}
 
 // e2m1 pair -> bf16x2 of (value * 2^-126): sign at bit 15 (31), magnitude e1 e0 m at bits 8..6
 // (24..22). The prepared layout puts the four pairs of a word where the cheapest extraction
@@ -83,20 +53,6 @@ __device__ __forceinline__ uint32_t e2m1_pair3(uint32_t w) {
   return ((w >> 6) & 0x01800180u) | ((w >> 4) & 0x00400040u) | ((w << 4) & 0x80008000u);
 }
 
-__device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
-  uint32_t d;
-  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-  return d;
-}
-
-__device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                         uint32_t a3, uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 // The bf16x2 multiplier (F, F) of one row from its scale code (byte `which` of `sc`).
 template <WoScale S>
 __device__ __forceinline__ uint32_t scale_pair(uint32_t sc, uint32_t sel) {
@@ -107,25 +63,11 @@ __device__ __forceinline__ uint32_t scale_pair(uint32_t sc, uint32_t sel) {
     return c * 128u + 0x3A003A00u;  // E8M0 u -> bf16 exponent u + 116
 }
 
-template <typename OutT>
-__device__ __forceinline__ float to_float(OutT v);
-template <>
-__device__ __forceinline__ float to_float<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <typename OutT>
-__device__ __forceinline__ OutT from_float(float v);
-template <>
-__device__ __forceinline__ float from_float<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-
 template <int RS, int NT, WoScale S, typename OutT, int D>
 __global__ void __launch_bounds__(kWarps * 32) wo_gemm_kernel(const WoParams p) {
   static_assert(D % 2 == 0, "the activation double buffer is indexed by step parity");
   constexpr int kScaleBytes = S == WoScale::kNv16 ? 64 : 32;
-  constexpr int kRows = RS * 16, kCols = NT * 8;
-  __shared__ float red[kWarps][kCols][kRows];
+  constexpr int kCols = NT * 8;
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -225,35 +167,7 @@ __global__ void __launch_bounds__(kWarps * 32) wo_gemm_kernel(const WoParams p) 
     }
   }
 
-  // C fragment: c0, c1 -> (row g, tokens 2t, 2t+1), c2, c3 -> (row g + 8, same tokens).
-#pragma unroll
-  for (int r = 0; r < RS; ++r)
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      const int row = r * 16 + g, col = nt * 8 + 2 * t;
-      red[warp][col][row] = acc[r][nt][0];
-      red[warp][col + 1][row] = acc[r][nt][1];
-      red[warp][col][row + 8] = acc[r][nt][2];
-      red[warp][col + 1][row + 8] = acc[r][nt][3];
-    }
-  __syncthreads();
-
-  const float alpha0 = 1024.f * (p.w_global ? *p.w_global : 1.f);  // 2^10 undoes F's 2^-10
-  const OutT* bias = static_cast<const OutT*>(p.bias);
-  OutT* d = static_cast<OutT*>(p.d);
-  for (int e = threadIdx.x; e < kRows * kCols; e += kWarps * 32) {
-    const int row = e % kRows, col = e / kRows;
-    const int64_t tok = tok0 + col;
-    if (tok >= p.m) continue;
-    float sum = 0.f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) sum += red[w][col][row];
-    const float alpha = p.x_scale ? alpha0 * p.x_scale[tok] : alpha0;
-    const int64_t n = strip0 * 16 + row;
-    float v = sum * alpha;
-    if (bias) v += to_float<OutT>(bias[n]);
-    d[tok * p.n + n] = from_float<OutT>(v);
-  }
+  reduce_store<RS, NT, OutT>(p, acc, strip0, tok0);
 }
 
 #ifndef JAX_GMMA_WO_DEPTH
@@ -262,16 +176,7 @@ __global__ void __launch_bounds__(kWarps * 32) wo_gemm_kernel(const WoParams p) 
 
 template <int RS, int NT, WoScale S, typename OutT, int D = JAX_GMMA_WO_DEPTH>
 cudaError_t launch(const WoArgs& a, cudaStream_t stream) {
-  WoParams p{a.m,
-             a.n,
-             a.k,
-             static_cast<const __nv_bfloat16*>(a.x),
-             a.x_scale,
-             static_cast<const uint8_t*>(a.w_packed),
-             static_cast<const uint8_t*>(a.w_scales),
-             a.w_global,
-             a.bias,
-             a.d};
+  const WoParams p = make_params(a);
   const dim3 grid(static_cast<unsigned>(a.n / (16 * RS)),
                   static_cast<unsigned>((a.m + NT * 8 - 1) / (NT * 8)));
   wo_gemm_kernel<RS, NT, S, OutT, D><<<grid, kWarps * 32, 0, stream>>>(p);
@@ -317,7 +222,9 @@ const char* weightonly_check(const WoArgs& a) {
   if (!a.x || !a.w_packed || !a.w_scales || !a.d) return "null operand";
   if (reinterpret_cast<uintptr_t>(a.x) % 16 != 0 || reinterpret_cast<uintptr_t>(a.w_packed) % 16 != 0)
     return "x and w_packed must be 16-byte aligned";
-  if (a.scale != WoScale::kNv16 && a.scale != WoScale::kMx32) return "unknown scale kind";
+  if (a.scale != WoScale::kNv16 && a.scale != WoScale::kMx32 && a.scale != WoScale::kMx6E2M3 &&
+      a.scale != WoScale::kMx6E3M2)
+    return "unknown weight format (scale_kind)";
   int rows = 0, tokens = 0;
   resolve(a, &rows, &tokens);
   if (rows != 16 && rows != 32 && rows != 64) return "rows_per_cta must be 16, 32 or 64";
@@ -331,6 +238,8 @@ cudaError_t weightonly_run(const WoArgs& a, cudaStream_t stream) {
   if (weightonly_check(a)) return cudaErrorInvalidValue;
   int rows = 0, tokens = 0;
   resolve(a, &rows, &tokens);
+  if (a.scale == WoScale::kMx6E2M3 || a.scale == WoScale::kMx6E3M2)
+    return weightonly_fp6_run(a, rows, tokens, stream);
   if (a.scale == WoScale::kNv16)
     return a.d_is_f32 ? dispatch_tile<WoScale::kNv16, float>(a, rows, tokens, stream)
                       : dispatch_tile<WoScale::kNv16, __nv_bfloat16>(a, rows, tokens, stream);

@@ -1,4 +1,5 @@
-// XLA FFI handler of the sm90 FP4 weight-only GEMM (cpp/sm90_fp4_gemm_weightonly.cu).
+// XLA FFI handler of the sm90 FP4 / FP6 weight-only GEMM (cpp/sm90_fp4_gemm_weightonly.cu,
+// cpp/sm90_fp6_gemm_weightonly.cu).
 //
 // Graph safety (same rules as ffi/gmma_ffi.cc): the stream comes from the platform context and
 // is only asked whether it is capturing; the execute path enqueues one kernel launch (static
@@ -41,8 +42,11 @@ ffi::Error WeightOnlyGemmImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuf
   if (!f32 && d->element_type() != ffi::DataType::BF16) return bad("d must be bfloat16 or float32");
   if (w_packed.element_type() != ffi::DataType::U8 || w_scales.element_type() != ffi::DataType::U8)
     return bad("w_packed and w_scales must be uint8");
-  const int64_t sb = scale_kind == static_cast<int32_t>(WoScale::kNv16) ? 64 : 32;
-  if (static_cast<int64_t>(w_packed.size_bytes()) != n / 16 * (k / 64) * 512 ||
+  if (scale_kind < 0 || scale_kind > static_cast<int32_t>(WoScale::kMx6E3M2))
+    return bad("scale_kind must be 0 (nvfp4), 1 (mxfp4), 2 (mxfp6_e2m3) or 3 (mxfp6_e3m2)");
+  const int64_t sb = weightonly_scale_bytes(static_cast<WoScale>(scale_kind));
+  const int64_t tb = weightonly_tile_bytes(static_cast<WoScale>(scale_kind));
+  if (static_cast<int64_t>(w_packed.size_bytes()) != n / 16 * (k / 64) * tb ||
       static_cast<int64_t>(w_scales.size_bytes()) != n / 16 * (k / 64) * sb)
     return bad("prepared weight sizes do not match (N, K)");
   if (has_x_scale && (x_scale.element_type() != ffi::DataType::F32 ||

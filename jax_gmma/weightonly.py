@@ -1,9 +1,11 @@
-"""FP4 weight-only GEMMs on Hopper: NVFP4 / MXFP4 weights times bf16 (or FP8) activations.
+"""FP4 / FP6 weight-only GEMMs on Hopper: NVFP4, MXFP4, MXFP6 (e2m3, e3m2) weights times bf16
+(or FP8) activations.
 
-Hopper has no FP4 tensor-core instruction. The kernel (``cpp/sm90_fp4_gemm_weightonly.cu``)
-widens the weights to bf16 in registers, applies each block scale exactly, and runs bf16
-``mma.sync`` with float32 accumulation. It is built for decode (small M), where the weight bytes
-are the whole cost: FP4 moves half the bytes of FP8.
+Hopper has no FP4 / FP6 tensor-core instruction. The kernels (``cpp/sm90_fp4_gemm_weightonly.cu``,
+``cpp/sm90_fp6_gemm_weightonly.cu``) widen the weights to bf16 in registers, apply each block
+scale exactly, and run bf16 ``mma.sync`` with float32 accumulation. They are built for decode
+(small M), where the weight bytes are the whole cost: FP4 moves half the bytes of FP8, FP6
+three quarters.
 
 Use::
 
@@ -39,6 +41,34 @@ Use::
 
 Block scales are applied exactly: the e2m1 value times its scale has at most 6 significant
 bits, so the bf16 product is exact; the dot product accumulates in float32 (mma.sync).
+
+**MXFP6 layout** (``"mxfp6_e2m3"``, ``"mxfp6_e3m2"``; E8M0 scale per 32 of K). Same tiles,
+lanes and element order as FP4, but 768 bytes per 16 x 64 tile (0.75 byte per weight):
+
+* ``packed`` uint8 ``(S, KS, 768)``: lane ``l = 4g + t`` owns six little-endian uint32 words,
+  words 0..3 at bytes ``16 l .. 16 l + 15``, words 4, 5 at bytes ``512 + 8 l .. 512 + 8 l + 7``
+  (one 16-byte and one 8-byte coalesced load). Words ``3G .. 3G + 2`` (G = 0, 1) form a 96-bit
+  stream (bit ``32 w + b`` = bit b of word 3G + w) holding the 16 six-bit codes of MMAs
+  ``q = 2G, 2G + 1``: bf16x2 pair ``v`` (0..7) is A register ``i = v % 4`` of MMA
+  ``q = 2G + v // 4``, i.e. row ``r_h``, ``h = i % 2``, K ``64j + 16t + 4q + 2 (i // 2) + half``.
+* The kernel builds pair v as ``OR over pieces of ((window << shl) & mask)`` with
+  ``window = (word[hi]:word[lo]) >> r`` (a funnel shift; ``hi = -1``: ``word[lo] >> r``), the
+  pieces listed in :data:`FP6_PIECES` (mirrored in ``cpp/sm90_fp6_gemm_weightonly.cu``; a test
+  compares the two). The masks put each code at its exact bf16 position: e2m3 (s e1 e0 m2 m1 m0)
+  at bits 15 | 8..4 (the bf16 number value * 2^-126), e3m2 (s e2 e1 e0 m1 m0) at 15 | 9..5
+  (value * 2^-124); +16 for the second half. The pieces are chosen for the fewest logic
+  instructions (e2m3: 16 LOP3 + 5 funnel shifts per 16 weights, stride-6 pieces; e3m2: 12 LOP3 +
+  4 shifts; the other shifts are left shifts the compiler puts on the FMA pipe as IMAD.SHL);
+  :func:`fp6_stream_bits` is the resulting bit map (code e = 2v + half, bit b (5 = sign) ->
+  stream bit).
+* ``scales`` uint8 ``(S, KS, 32)``, arranged as MXFP4's: code c is the E8M0 byte and the kernel's
+  multiplier is ``bits(F) = 128 (c + 116)`` (e2m3, F = scale * 2^116, valid c <= 138, 139 = Inf
+  marks a poisoned block) or ``128 (c + 114)`` (e3m2, F = scale * 2^114, valid c <= 140, 141 =
+  Inf). Products value * scale * 2^-10 have at most 4 (3) significant bits: exact for scales
+  2^-120 .. 2^11 (e2m3) and 2^-119 .. 2^13 (e3m2); prepare() refuses larger scales.
+* ``global_scale`` float32 ``(1,)``: 1.0.
+
+K is padded to a multiple of 64 (the tile) with zero weights, as for FP4: any K works.
 """
 from __future__ import annotations
 
@@ -58,16 +88,26 @@ except ImportError:  # pragma: no cover
 from jax._src import dispatch
 
 from . import _backend, shapes
-from .formats import E2M1, E4M3, E5M2, E8M0
+from .formats import E2M1, E2M3, E3M2, E4M3, E5M2, E8M0
 from .quantize import QuantizedArray, _decode, _encode, quantize
 
 WEIGHTONLY_TARGET = "jax_gmma_weightonly_gemm"
 #: Weight formats with a Hopper weight-only kernel.
-FORMATS = ("nvfp4", "mxfp4")
-#: Scale kinds (match jax_gmma::WoScale).
-_SCALE_KIND = {"nvfp4": 0, "mxfp4": 1}
-_BLOCK_K = {"nvfp4": 16, "mxfp4": 32}
-_SCALE_BYTES = {"nvfp4": 64, "mxfp4": 32}
+FORMATS = ("nvfp4", "mxfp4", "mxfp6_e2m3", "mxfp6_e3m2")
+FP6_FORMATS = ("mxfp6_e2m3", "mxfp6_e3m2")
+#: Weight format codes (match jax_gmma::WoScale).
+_SCALE_KIND = {"nvfp4": 0, "mxfp4": 1, "mxfp6_e2m3": 2, "mxfp6_e3m2": 3}
+_BLOCK_K = {"nvfp4": 16, "mxfp4": 32, "mxfp6_e2m3": 32, "mxfp6_e3m2": 32}
+_SCALE_BYTES = {"nvfp4": 64, "mxfp4": 32, "mxfp6_e2m3": 32, "mxfp6_e3m2": 32}
+#: Bytes of one prepared 16-row x 64-K tile.
+_TILE_BYTES = {"nvfp4": 512, "mxfp4": 512, "mxfp6_e2m3": 768, "mxfp6_e3m2": 768}
+#: E8M0 scale code -> bf16 exponent of the kernel multiplier F (bits(F) = 128 (c + bias)), and
+#: the largest exact code (c = max + 1 is Inf: a poisoned block).
+_MX_BIAS = {"mxfp4": 116, "mxfp6_e2m3": 116, "mxfp6_e3m2": 114}
+_MX_MAX_CODE = {"mxfp4": 138, "mxfp6_e2m3": 138, "mxfp6_e3m2": 140}
+_ELEM = {"nvfp4": (E2M1, 4), "mxfp4": (E2M1, 4), "mxfp6_e2m3": (E2M3, 6), "mxfp6_e3m2": (E3M2, 6)}
+#: bf16 bit of code bit 0 (the magnitude's lowest bit) of an FP6 element; the sign goes to 15.
+_FP6_BASE = {"mxfp6_e2m3": 4, "mxfp6_e3m2": 5}
 #: Activation dtypes: bf16, or FP8 (converted to bf16 exactly, with an optional per-token scale).
 X_DTYPES = (shapes.BF16, E4M3, E5M2)
 OUT_DTYPES = (shapes.BF16, shapes.F32)
@@ -86,6 +126,54 @@ for _h in range(2):
     _lo = {0: (15, 8, 7, 6), 1: (12, 5, 4, 3), 2: (9, 2, 1, 0), 3: (11, 14, 13, 10)}[_pair]
     _BITS[_h * 4 + _kk] = tuple(b + 16 * _half for b in _lo)
 assert sorted(b for v in _BITS.values() for b in v) == list(range(32))
+
+#: FP6 extraction pieces: FP6_PIECES[fmt][v] lists (lo, hi, r, shl, mask) for bf16x2 pair v of a
+#: 3-word group: pair = OR of ((funnel(word[lo], word[hi]) >> r) << shl) & mask (hi = -1: plain
+#: word[lo] >> r). Mirrored by kFp6Pieces in cpp/sm90_fp6_gemm_weightonly.cu.
+FP6_PIECES = {
+    "mxfp6_e2m3": (  # stride-6 pieces: a 5-bit run then the sign 11 bits up the stream
+        ((0, -1, 0, 4, 0x000081F0), (0, -1, 0, 14, 0x81F00000)),
+        ((0, 1, 8, 0, 0x000081F0), (0, -1, 0, 2, 0x81F00000)),
+        ((0, 1, 20, 0, 0x000081F0), (0, 1, 20, 10, 0x81F00000)),
+        ((1, -1, 0, 0, 0x000081F0), (1, -1, 0, 4, 0x81F00000)),
+        ((1, 2, 6, 0, 0x000081F0), (2, -1, 0, 12, 0x81F00000)),
+        ((1, 2, 18, 0, 0x000081F0), (1, 2, 18, 10, 0x81F00000)),
+        ((2, -1, 0, 2, 0x000081F0), (2, -1, 0, 6, 0x81F00000)),
+        ((2, 0, 22, 0, 0x000081F0), (2, -1, 0, 0, 0x81F00000)),
+    ),
+    "mxfp6_e3m2": (  # two whole pairs per word (in place and << 5), two pairs from the rest
+        ((0, -1, 0, 0, 0x83E083E0),),
+        ((0, -1, 0, 5, 0x83E083E0),),
+        ((1, -1, 0, 0, 0x83E083E0),),
+        ((1, -1, 0, 5, 0x83E083E0),),
+        ((2, -1, 0, 0, 0x83E083E0),),
+        ((2, -1, 0, 5, 0x83E083E0),),
+        ((0, -1, 6, 0, 0x01E001E0), (2, -1, 2, 0, 0x02000200), (2, -1, 0, 2, 0x80008000)),
+        ((1, -1, 6, 0, 0x01E001E0), (2, -1, 3, 0, 0x02000200), (2, -1, 0, 1, 0x80008000)),
+    ),
+}
+
+
+def fp6_stream_bits(fmt: str) -> np.ndarray:
+  """(16, 6) int: stream bit (0..95 of a 3-word group) of bit b of code e = 2 v + half
+  (b = 5: sign, 4..0: magnitude), derived from FP6_PIECES (and checked to be a bijection)."""
+  base = _FP6_BASE[fmt]
+  out = np.full((16, 6), -1, np.int64)
+  for v, pieces in enumerate(FP6_PIECES[fmt]):
+    for half in range(2):
+      for b in range(6):
+        p = 16 * half + (15 if b == 5 else base + b)
+        hits = [pc for pc in pieces if (pc[4] >> p) & 1]
+        assert len(hits) == 1, (fmt, v, p)
+        lo, hi, r, shl, _ = hits[0]
+        j = p - shl + r
+        assert p >= shl and (hi >= 0 or j < 32), (fmt, v, p)
+        out[2 * v + half, b] = 32 * lo + j if j < 32 else 32 * hi + j - 32
+  assert sorted(out.ravel().tolist()) == list(range(96)), fmt
+  return out
+
+
+_FP6_SRC = {f: fp6_stream_bits(f) for f in FP6_FORMATS}
 
 
 @jax.tree_util.register_pytree_node_class
@@ -119,7 +207,8 @@ class PackedWeight:
   @property
   def nbytes(self) -> int:
     """Bytes the kernel streams per GEMM (packed codes + scale codes)."""
-    return self.n * self.padded_k // 2 + self.n * self.padded_k // _BLOCK_K[self.format]
+    elts = self.n * self.padded_k
+    return elts * _TILE_BYTES[self.format] // 1024 + elts // _BLOCK_K[self.format]
 
   def dequantize(self, dtype=jnp.float32) -> jax.Array:
     return dequantize_packed(self, dtype)
@@ -134,8 +223,9 @@ def prepare(w, format: Optional[str] = None) -> PackedWeight:
   """Quantize (if needed) and lay out an (N, K) weight for the Hopper weight-only kernel.
 
   ``w``: a float (N, K) array (quantized here with ``format``) or a QuantizedArray of format
-  "nvfp4" / "mxfp4" with axis -1 and row-major scales. N must be a multiple of 16; K is padded
-  to a multiple of 64 with zero weights. Runs in JAX (jit-able, any backend)."""
+  "nvfp4" / "mxfp4" / "mxfp6_e2m3" / "mxfp6_e3m2" with axis -1 and row-major scales. N must be
+  a multiple of 16; K is padded to a multiple of 64 with zero weights (any K >= 1). Runs in JAX
+  (jit-able, any backend)."""
   who = "jax_gmma.weightonly.prepare"
   if not isinstance(w, QuantizedArray):
     if format not in FORMATS:
@@ -158,12 +248,14 @@ def prepare(w, format: Optional[str] = None) -> PackedWeight:
   if n % TILE_ROWS:
     raise ValueError(f"{who}: N = {n} must be a multiple of {TILE_ROWS} (rows of the kernel's tile)")
   scales = w.scales
-  if fmt == "mxfp4" and not isinstance(scales, jax.core.Tracer):
+  if fmt in _MX_BIAS and not isinstance(scales, jax.core.Tracer):
     u = np.asarray(jax.device_get(scales)).view(np.uint8)
-    bad = (u > 138) & (u != 255)
+    lim = _MX_MAX_CODE[fmt]
+    bad = (u > lim) & (u != 255)
     if bad.any():
-      raise ValueError(f"{who}: {int(bad.sum())} MXFP4 block scales exceed 2^11, the kernel's exact "
-                       "range (weights larger than 12288)")
+      big = {"mxfp4": 12288, "mxfp6_e2m3": 15 * 2 ** 11, "mxfp6_e3m2": 2 ** 18}[fmt]
+      raise ValueError(f"{who}: {int(bad.sum())} {fmt.upper()} block scales exceed 2^{lim - 127}, the "
+                       f"kernel's exact range (weights of magnitude {big} or more)")
   packed, codes = _prepare_impl(w.data, scales, fmt, n, k)
   g = w.global_scale if w.global_scale is not None else jnp.ones((), jnp.float32)
   return PackedWeight(packed, codes, jnp.reshape(g, (1,)).astype(jnp.float32), format=fmt, n=n, k=k)
@@ -174,7 +266,8 @@ def _prepare_impl(data, scales, fmt: str, n: int, k: int):
   kp = -(-k // TILE_K) * TILE_K
   bk = _BLOCK_K[fmt]
   s_, ks = n // TILE_ROWS, kp // TILE_K
-  codes = _encode(data.astype(jnp.float32)[:, :k], E2M1, 4)  # (N, K) uint32
+  edt, ebits = _ELEM[fmt]
+  codes = _encode(data.astype(jnp.float32)[:, :k], edt, ebits)  # (N, K) uint32
   sc = scales
   if sc.shape[1] * bk < kp:  # pad the scale blocks to Kp (zero weights there)
     pad_val = jnp.asarray(1.0, jnp.float32).astype(sc.dtype)
@@ -191,8 +284,13 @@ def _prepare_impl(data, scales, fmt: str, n: int, k: int):
     codes = jnp.where(jnp.repeat(zero, bk, axis=1)[:, :k], 0, codes)
   else:
     u = jax.lax.bitcast_convert_type(sc, jnp.uint8).astype(jnp.int32)
-    c = jnp.where(u == 255, 139, jnp.minimum(u, 138))
+    lim = _MX_MAX_CODE[fmt]
+    c = jnp.where(u == 255, lim + 1, jnp.minimum(u, lim))
   codes = jnp.pad(codes, ((0, 0), (0, kp - k)))
+  nb = TILE_K // bk  # scale blocks per tile
+  cc = c.astype(jnp.uint8).reshape(s_, 2, 8, ks, nb).transpose(0, 3, 4, 2, 1).reshape(s_, ks, nb * 16)
+  if fmt in FP6_FORMATS:
+    return _pack_fp6(codes, fmt, s_, ks), cc
   # (s, h, g, j, t, q, kk) -> (s, j, g, t, q, h*4+kk), then each code's 4 bits to _BITS.
   c7 = codes.reshape(s_, 2, 8, ks, 4, 4, 4).transpose(0, 3, 2, 4, 5, 1, 6).reshape(s_, ks, 8, 4, 4, 8)
   words = jnp.zeros(c7.shape[:-1], jnp.uint32)
@@ -201,9 +299,60 @@ def _prepare_impl(data, scales, fmt: str, n: int, k: int):
     for src, dst in zip((3, 2, 1, 0), pos):
       words = words | (((code >> src) & 1) << dst)
   packed = jax.lax.bitcast_convert_type(words, jnp.uint8).reshape(s_, ks, 512)
-  nb = TILE_K // bk  # scale blocks per tile
-  cc = c.astype(jnp.uint8).reshape(s_, 2, 8, ks, nb).transpose(0, 3, 4, 2, 1).reshape(s_, ks, nb * 16)
   return packed, cc
+
+
+def _fp6_elements(c7):
+  """(..., h, q, kk) -> (..., G, e) codes: element e = 2 v + half of group G is A register
+  i = v % 4 of MMA q = 2 G + v // 4 (row h = i % 2, kk = 2 (i // 2) + half)."""
+  groups = []
+  for grp in range(2):
+    elems = []
+    for e in range(16):
+      v, half = divmod(e, 2)
+      i = v % 4
+      elems.append(c7[..., i % 2, 2 * grp + v // 4, 2 * (i // 2) + half])
+    groups.append(jnp.stack(elems, axis=-1))
+  return jnp.stack(groups, axis=-2)
+
+
+def _pack_fp6(codes, fmt: str, s_: int, ks: int):
+  """(N, Kp) 6-bit codes -> uint8 (S, KS, 768) (the MXFP6 layout of the module docstring)."""
+  c7 = codes.reshape(s_, 2, 8, ks, 4, 4, 4).transpose(0, 3, 2, 4, 1, 5, 6)  # (s, j, g, t, h, q, kk)
+  el = _fp6_elements(c7).astype(jnp.uint32)                                  # (s, j, g, t, G, 16)
+  src = _FP6_SRC[fmt]
+  words = [jnp.zeros(el.shape[:-1], jnp.uint32) for _ in range(3)]
+  for e in range(16):
+    for b in range(6):
+      st = int(src[e, b])
+      words[st // 32] = words[st // 32] | (((el[..., e] >> b) & 1) << (st % 32))
+  w6 = jnp.stack(words, axis=-1).reshape(s_, ks, 32, 6)                      # lane = 4 g + t
+  w = jnp.concatenate([w6[..., :4].reshape(s_, ks, 128), w6[..., 4:].reshape(s_, ks, 64)], axis=-1)
+  return jax.lax.bitcast_convert_type(w, jnp.uint8).reshape(s_, ks, 768)
+
+
+def _unpack_fp6(packed, fmt: str, n: int):
+  """Inverse of _pack_fp6: uint8 (S, KS, 768) -> (N, Kp) uint32 codes."""
+  s_, ks = packed.shape[:2]
+  w = jax.lax.bitcast_convert_type(packed.reshape(s_, ks, 192, 4), jnp.uint32)
+  w6 = jnp.concatenate([w[:, :, :128].reshape(s_, ks, 32, 4), w[:, :, 128:].reshape(s_, ks, 32, 2)],
+                       axis=-1).reshape(s_, ks, 8, 4, 2, 3)                   # (s, j, g, t, G, word)
+  src = _FP6_SRC[fmt]
+  el = []
+  for e in range(16):
+    code = jnp.zeros(w6.shape[:-1], jnp.uint32)
+    for b in range(6):
+      st = int(src[e, b])
+      code = code | (((w6[..., st // 32] >> (st % 32)) & 1) << b)
+    el.append(code)
+  el = jnp.stack(el, axis=-1)                                                  # (s, j, g, t, G, 16)
+  c7 = jnp.zeros(el.shape[:4] + (2, 4, 4), jnp.uint32)                         # (s, j, g, t, h, q, kk)
+  for grp in range(2):
+    for e in range(16):
+      v, half = divmod(e, 2)
+      i = v % 4
+      c7 = c7.at[..., i % 2, 2 * grp + v // 4, 2 * (i // 2) + half].set(el[..., grp, e])
+  return c7.transpose(0, 4, 2, 1, 3, 5, 6).reshape(n, ks * TILE_K)           # (s, h, g, j, t, q, kk)
 
 
 # -- dequantization (the reference) -----------------------------------------------------------
@@ -214,14 +363,15 @@ def dequantize_packed(wp: PackedWeight, dtype=jnp.float32) -> jax.Array:
 
 
 def _scale_values(codes, fmt: str):
-  """float32 block scales (times 2^116, i.e. F) from the kernel's scale codes."""
+  """float32 block scales from the kernel's scale codes (F = scale * 2^116, e3m2: 2^114)."""
   c = codes.astype(jnp.uint32)
   if fmt == "nvfp4":
-    bits = c * 16 + 0x7000
+    bits, bias = c * 16 + 0x7000, 116
   else:
-    bits = (c + 116) * 128
+    bias = _MX_BIAS[fmt]
+    bits = (c + bias) * 128
   f = jax.lax.bitcast_convert_type(bits.astype(jnp.uint16), jnp.bfloat16).astype(jnp.float32)
-  return f * np.float32(2.0 ** -116)
+  return f * np.float32(2.0 ** -bias)
 
 
 @functools.partial(jax.jit, static_argnums=(3, 4, 5))
@@ -229,16 +379,20 @@ def _dequant_impl(packed, codes, global_scale, fmt: str, n: int, k: int):
   s_, ks = packed.shape[:2]
   kp = ks * TILE_K
   bk = _BLOCK_K[fmt]
-  words = jax.lax.bitcast_convert_type(packed.reshape(s_, ks, 8, 4, 4, 4), jnp.uint32)
-  elems = []
-  for v in range(8):
-    code = jnp.zeros(words.shape, jnp.uint32)
-    for src, dst in zip((3, 2, 1, 0), _BITS[v]):
-      code = code | (((words >> dst) & 1) << src)
-    elems.append(code)
-  vals = jnp.stack(elems, axis=-1).reshape(s_, ks, 8, 4, 4, 2, 4)        # (s, j, g, t, q, h, kk)
-  vals = vals.transpose(0, 5, 2, 1, 3, 4, 6).reshape(n, kp)               # (s, h, g, j, t, q, kk)
-  w = _decode(vals, E2M1, 4)
+  if fmt in FP6_FORMATS:
+    vals = _unpack_fp6(packed, fmt, n)
+  else:
+    words = jax.lax.bitcast_convert_type(packed.reshape(s_, ks, 8, 4, 4, 4), jnp.uint32)
+    elems = []
+    for v in range(8):
+      code = jnp.zeros(words.shape, jnp.uint32)
+      for src, dst in zip((3, 2, 1, 0), _BITS[v]):
+        code = code | (((words >> dst) & 1) << src)
+      elems.append(code)
+    vals = jnp.stack(elems, axis=-1).reshape(s_, ks, 8, 4, 4, 2, 4)        # (s, j, g, t, q, h, kk)
+    vals = vals.transpose(0, 5, 2, 1, 3, 4, 6).reshape(n, kp)               # (s, h, g, j, t, q, kk)
+  edt, ebits = _ELEM[fmt]
+  w = _decode(vals, edt, ebits)
   nb = TILE_K // bk
   sc = codes.reshape(s_, ks, nb, 8, 2).transpose(0, 4, 3, 1, 2).reshape(n, kp // bk)
   sv = _scale_values(sc, fmt)
@@ -300,12 +454,12 @@ def pick_tile(m: int, n: int) -> tuple:
 
 def weightonly_gemm(x, w: PackedWeight, *, x_scale=None, bias=None, out_dtype=None,
                     rows: Optional[int] = None, tokens: Optional[int] = None):
-  """``out = x_scale * (x @ dequantize(w).T) + bias`` with FP4 weights (Hopper kernel).
+  """``out = x_scale * (x @ dequantize(w).T) + bias`` with FP4 / FP6 weights (Hopper kernel).
 
   Args:
     x: (..., K) bfloat16 activations, or float8_e4m3fn / float8_e5m2 (widened to bf16 exactly;
       pass their dequantization scale as ``x_scale``).
-    w: a :class:`PackedWeight` from :func:`prepare` (NVFP4 or MXFP4, N x K).
+    w: a :class:`PackedWeight` from :func:`prepare` (NVFP4, MXFP4, MXFP6 e2m3 / e3m2; N x K).
     x_scale: None, a scalar or (..., M) per-token float32 scales.
     bias: optional (N,), added in float32.
     out_dtype: bfloat16 (default) or float32.

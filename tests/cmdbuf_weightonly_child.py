@@ -1,5 +1,5 @@
-"""Child process for test_weightonly.test_command_buffers_*: a jitted chain of 32 dependent FP4
-weight-only GEMM custom calls (both formats, several CTA shapes) under the XLA_FLAGS it was
+"""Child process for test_weightonly.test_command_buffers_*: a jitted chain of 32 dependent FP4/FP6
+weight-only GEMM custom calls (all four formats, several CTA shapes) under the XLA_FLAGS it was
 started with; prints a JSON line with the result hash and the capture counters."""
 import hashlib
 import json
@@ -17,15 +17,16 @@ def main():
   key = jax.random.PRNGKey(0)
   kx, kw = jax.random.split(key)
   x0 = jax.random.normal(kx, (m, n), jnp.float32).astype(jnp.bfloat16)
-  w = jax.random.normal(kw, (2, n, n), jnp.float32) / np.sqrt(n)
-  wps = [wo.prepare(w[0], "nvfp4"), wo.prepare(w[1], "mxfp4")]
+  w = jax.random.normal(kw, (4, n, n), jnp.float32) / np.sqrt(n)
+  wps = [wo.prepare(w[0], "nvfp4"), wo.prepare(w[1], "mxfp4"), wo.prepare(w[2], "mxfp6_e2m3"),
+         wo.prepare(w[3], "mxfp6_e3m2")]
   tiles = [(16, 8), (32, 16), (64, 8), (16, 16)]
 
   @jax.jit
   def chain(x, wps):
     for i in range(32):
       rows, tokens = tiles[i % 4]
-      y = jax_gmma.weightonly_gemm(x, wps[i % 2], rows=rows, tokens=tokens)
+      y = jax_gmma.weightonly_gemm(x, wps[(i // 4 + i) % 4], rows=rows, tokens=tokens)
       x = y
     return y
 

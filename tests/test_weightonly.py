@@ -1,4 +1,4 @@
-"""FP4 weight-only GEMM (jax_gmma.weightonly): the prepared layout, the reference, shape rules
+"""FP4 / FP6 weight-only GEMM (jax_gmma.weightonly): the prepared layout, the reference, shape rules
 (CPU), and the sm_90a kernel against a float64 oracle of the dequantized weights (GPU)."""
 
 import jax
@@ -10,7 +10,8 @@ import jax_gmma
 from _cmdbuf import child_script, command_buffer_runs  # noqa: E402 (tests/ helper)
 from jax_gmma import weightonly as wo
 
-FORMATS = ("nvfp4", "mxfp4")
+FORMATS = ("nvfp4", "mxfp4", "mxfp6_e2m3", "mxfp6_e3m2")
+FP6 = ("mxfp6_e2m3", "mxfp6_e3m2")
 
 
 def _rng(seed):
@@ -26,11 +27,13 @@ def test_prepare_round_trip(fmt, n, k):
   q = jax_gmma.quantize(w, fmt)
   wp = wo.prepare(q)
   kp = -(-k // 64) * 64
-  assert wp.packed.shape == (n // 16, kp // 64, 512) and wp.packed.dtype == np.uint8
+  tile = 768 if fmt in FP6 else 512
+  assert wp.packed.shape == (n // 16, kp // 64, tile) and wp.packed.dtype == np.uint8
   assert wp.scales.shape == (n // 16, kp // 64, 64 if fmt == "nvfp4" else 32)
   ref = np.asarray(jax_gmma.dequantize(q))
   got = np.asarray(wo.dequantize_packed(wp))
   np.testing.assert_allclose(got, ref, rtol=2 ** -22, atol=0)
+  assert wp.nbytes == n * kp * tile // 1024 + n * kp // (16 if fmt == "nvfp4" else 32)
   # prepare() of a float weight quantizes first: the same result.
   wp2 = wo.prepare(w, fmt)
   assert np.array_equal(np.asarray(wp2.packed), np.asarray(wp.packed))
@@ -60,6 +63,97 @@ def test_layout_bit_positions():
             assert got == want, (g, t, qq, h, kk)
 
 
+def _bf16_bits_value(bits):
+  import ml_dtypes
+  return np.asarray(bits, np.uint16).view(ml_dtypes.bfloat16).astype(np.float64)
+
+
+@pytest.mark.parametrize("fmt", FP6)
+def test_fp6_exhaustive_code_table(fmt):
+  """All 64 codes x every E8M0 scale code: the kernel's conversion (code at its bf16 bits, one
+  bf16 multiply by F, rounded to bf16 like mul.rn.bf16x2) is exactly value * scale * 2^-10 for
+  the documented scale range, and a poisoned-block code gives a non-finite product."""
+  import ml_dtypes
+  dt = {"mxfp6_e2m3": ml_dtypes.float6_e2m3fn, "mxfp6_e3m2": ml_dtypes.float6_e3m2fn}[fmt]
+  base = wo._FP6_BASE[fmt]
+  codes = np.arange(64, dtype=np.uint8)
+  vals = codes.view(dt).astype(np.float64)
+  bits = ((codes.astype(np.uint32) >> 5) << 15) | ((codes.astype(np.uint32) & 31) << base)
+  placed = _bf16_bits_value(bits)
+  np.testing.assert_array_equal(placed, vals * 2.0 ** (-126 if base == 4 else -124))
+  bias, lim = wo._MX_BIAS[fmt], wo._MX_MAX_CODE[fmt]
+  lo = {"mxfp6_e2m3": -120, "mxfp6_e3m2": -119}[fmt]
+  assert lim - 127 == {"mxfp6_e2m3": 11, "mxfp6_e3m2": 13}[fmt]
+  for c in range(0, lim + 2):
+    f = _bf16_bits_value(np.uint16((c + bias) * 128))
+    with np.errstate(invalid="ignore"):  # Inf * 0 in the poisoned block
+      prod = (placed * f).astype(np.float32).astype(ml_dtypes.bfloat16).astype(np.float64)
+    if c == lim + 1:
+      assert np.isinf(f) and not np.isfinite(prod[codes % 32 != 0]).any()
+      continue
+    scale = 2.0 ** (c - 127)
+    assert f == scale * 2.0 ** bias
+    if c - 127 >= lo:
+      np.testing.assert_array_equal(prod, vals * scale * 2.0 ** -10, err_msg=f"scale code {c}")
+  # The reference decodes the same scale codes (from 1: quantize clamps E8M0 to 2^-126, and XLA
+  # on CPU flushes float32 subnormals).
+  sv = np.asarray(wo._scale_values(jnp.arange(1, lim + 1, dtype=jnp.uint8), fmt), np.float64)
+  np.testing.assert_array_equal(sv, 2.0 ** (np.arange(1, lim + 1) - 127.0))
+
+
+@pytest.mark.parametrize("fmt", FP6)
+def test_fp6_layout_independent(fmt):
+  """The FP6 pieces applied to the packed words (a NumPy model of the kernel's conversion)
+  rebuild every code at its bf16 position; the pieces match the CUDA source's table."""
+  import re
+  n, k = 32, 128
+  rng = _rng(9)
+  w = rng.standard_normal((n, k)).astype(np.float32) * 2
+  q = jax_gmma.quantize(w, fmt)
+  wp = wo.prepare(q)
+  dt = np.dtype(q.dtype)
+  data = np.asarray(q.data, np.float32).astype(dt).view(np.uint8) & 63        # (N, K) codes
+  base = wo._FP6_BASE[fmt]
+  pk = np.ascontiguousarray(np.asarray(wp.packed))
+  u64 = lambda x: np.uint64(x)
+  for s in range(n // 16):
+    for j in range(k // 64):
+      tile = pk[s, j]
+      for lane in range(32):
+        g, t = divmod(lane, 4)
+        w6 = np.concatenate([tile[16 * lane:16 * lane + 16], tile[512 + 8 * lane:520 + 8 * lane]])
+        w6 = w6.view(np.uint32).astype(np.uint64)
+        for grp in range(2):
+          ww = w6[3 * grp:3 * grp + 3]
+          for v, pieces in enumerate(wo.FP6_PIECES[fmt]):
+            out = 0
+            for lo, hi, r, shl, mask in pieces:
+              win = int(ww[lo]) | (int(ww[hi]) << 32 if hi >= 0 else 0)
+              out |= (((win >> r) << shl) & mask)
+            i = v % 4
+            q_ = 2 * grp + v // 4
+            for half in range(2):
+              h16 = (out >> (16 * half)) & 0xFFFF
+              code = ((h16 >> 15) << 5) | ((h16 >> base) & 31)
+              assert h16 & ~(0x8000 | (31 << base)) == 0
+              row = 16 * s + g + 8 * (i % 2)
+              kk = 64 * j + 16 * t + 4 * q_ + 2 * (i // 2) + half
+              assert code == data[row, kk], (fmt, s, j, lane, grp, v, half)
+  # The CUDA table (cpp/sm90_fp6_gemm_weightonly.cu) is the same.
+  import os
+  src = open(os.path.join(os.path.dirname(__file__), "..", "cpp",
+                          "sm90_fp6_gemm_weightonly.cu")).read()
+  tag = {"mxfp6_e2m3": "kMx6E2M3", "mxfp6_e3m2": "kMx6E3M2"}[fmt]
+  body = src[src.index(f"struct Fp6Pieces<WoScale::{tag}>"):]
+  body = body[:body.index("return p[v][i];")]
+  rows = re.findall(r"\{(\{[^\n]*\})\},?\n", body)
+  assert len(rows) == 8
+  for v, row in enumerate(rows):
+    pcs = [tuple(int(x, 0) for x in re.sub("u", "", m).split(","))
+           for m in re.findall(r"\{([^{}]*)\}", row)]
+    assert tuple(pc for pc in pcs if pc[4]) == wo.FP6_PIECES[fmt][v], (fmt, v)
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_reference_matches_float64(fmt):
   rng = _rng(3)
@@ -75,10 +169,11 @@ def test_reference_matches_float64(fmt):
   assert err < 1e-6, err
 
 
-def test_dot_on_packed_weight_cpu():
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp6_e2m3", "mxfp6_e3m2"])
+def test_dot_on_packed_weight_cpu(fmt):
   rng = _rng(4)
   w = rng.standard_normal((32, 128)).astype(np.float32)
-  wp = wo.prepare(w, "nvfp4")
+  wp = wo.prepare(w, fmt)
   x = rng.standard_normal((2, 3, 128)).astype(np.float32)
   y = jax_gmma.dot(x, wp)
   assert y.shape == (2, 3, 32) and y.dtype == jnp.float32
@@ -111,6 +206,24 @@ def test_errors():
     jax_gmma.weightonly_gemm(jnp.ones((1, 128), jnp.bfloat16), wp, out_dtype=jnp.float16)
   with pytest.raises(TypeError, match="PackedWeight"):
     jax_gmma.weightonly_gemm(jnp.ones((1, 128), jnp.bfloat16), jax_gmma.quantize(w, "nvfp4"))
+
+
+def test_fp6_errors():
+  w = np.ones((32, 100), np.float32)
+  with pytest.raises(ValueError, match="multiple of 16"):
+    wo.prepare(np.ones((24, 128), np.float32), "mxfp6_e2m3")
+  big = np.full((16, 64), 2.0 ** 15, np.float32)  # e2m3 scale 2^13 > 2^11
+  with pytest.raises(ValueError, match="exceed 2\\^11"):
+    wo.prepare(big, "mxfp6_e2m3")
+  wo.prepare(big, "mxfp6_e3m2")  # e3m2: scale 2^11, within 2^13
+  with pytest.raises(ValueError, match="exceed 2\\^13"):
+    wo.prepare(big * 2.0 ** 5, "mxfp6_e3m2")
+  with pytest.raises(ValueError, match="is mxfp6_e3m2, not mxfp6_e2m3"):
+    wo.prepare(jax_gmma.quantize(w, "mxfp6_e3m2"), "mxfp6_e2m3")
+  wp = wo.prepare(w, "mxfp6_e2m3")  # K = 100: padded to 128 with zero weights
+  assert wp.packed.shape == (2, 2, 768) and wp.k == 100
+  with pytest.raises(ValueError, match="K = 100"):
+    jax_gmma.weightonly_gemm(jnp.ones((1, 128), jnp.bfloat16), wp)
 
 
 def test_pick_tile():
@@ -203,15 +316,16 @@ def test_kernel_fp8_activations_bias(fmt, out_dtype):
 
 
 @pytest.mark.gpu
-def test_kernel_nan_propagates():
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_kernel_nan_propagates(fmt):
   n, k = 64, 256
   w = np.random.default_rng(0).standard_normal((n, k)).astype(np.float32)
-  wp = wo.prepare(jnp.asarray(w), "nvfp4")
+  wp = wo.prepare(jnp.asarray(w), fmt)
   x = jnp.ones((2, k), jnp.bfloat16).at[0, 5].set(jnp.nan)
   out = np.asarray(jax.jit(jax_gmma.weightonly_gemm)(x, wp).astype(jnp.float32))
   assert np.isnan(out[0]).all() and np.isfinite(out[1]).all()
   w[3, 7] = np.inf  # a poisoned block: NaN scale -> NaN in that output column
-  wp = wo.prepare(jnp.asarray(w), "nvfp4")
+  wp = wo.prepare(jnp.asarray(w), fmt)
   out = np.asarray(jax.jit(jax_gmma.weightonly_gemm)(jnp.ones((1, k), jnp.bfloat16), wp))
   assert not np.isfinite(out[0, 3].astype(np.float32)) and np.isfinite(out[0, 4].astype(np.float32))
 

@@ -1,0 +1,144 @@
+// Device helpers shared by the sm90 weight-only GEMM kernels (cpp/sm90_fp4_gemm_weightonly.cu,
+// cpp/sm90_fp6_gemm_weightonly.cu): loads, the bf16 mma.sync wrapper, the bf16x2 multiply, the
+// output conversions and the CTA's shared-memory K reduction + epilogue. Both kernels use the same
+// CTA shape (8 warps splitting K over RS 16-row strips x NT 8-token tiles) and fragment mapping,
+// and scale the converted weights by 2^-10 (undone by the epilogue).
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "jax_gmma/weightonly_api.h"
+
+namespace jax_gmma {
+namespace wo_detail {
+
+constexpr int kWarps = 8;
+
+struct WoParams {
+  int64_t m, n, k;
+  const __nv_bfloat16* x;
+  const float* x_scale;
+  const uint8_t* w;
+  const uint8_t* s;
+  const float* w_global;
+  const void* bias;
+  void* d;
+};
+
+inline WoParams make_params(const WoArgs& a) {
+  return WoParams{a.m,
+                  a.n,
+                  a.k,
+                  static_cast<const __nv_bfloat16*>(a.x),
+                  a.x_scale,
+                  static_cast<const uint8_t*>(a.w_packed),
+                  static_cast<const uint8_t*>(a.w_scales),
+                  a.w_global,
+                  a.bias,
+                  a.d};
+}
+
+// Weights are read once: no L1 allocation.
+__device__ __forceinline__ uint4 ld_stream(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ uint2 ld_stream8(const void* p) {
+  uint2 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ uint32_t ld_u16(const void* p) {
+  unsigned short v;
+  asm volatile("ld.global.nc.u16 %0, [%1];" : "=h"(v) : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+  return d;
+}
+
+__device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+
+__device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                         uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+template <typename OutT>
+__device__ __forceinline__ float to_float(OutT v);
+template <>
+__device__ __forceinline__ float to_float<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename OutT>
+__device__ __forceinline__ OutT from_float(float v);
+template <>
+__device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+// The CTA's end: every warp's partial sums (its K steps) go through shared memory, summed in a
+// fixed order, times alpha (2^10, the per-tensor and per-token scales), plus bias, cast, stored.
+// C fragment: c0, c1 -> (row g, tokens 2t, 2t+1), c2, c3 -> (row g + 8, same tokens).
+template <int RS, int NT, typename OutT>
+__device__ __forceinline__ void reduce_store(const WoParams& p, float (&acc)[RS][NT][4],
+                                             int64_t strip0, int64_t tok0) {
+  constexpr int kRows = RS * 16, kCols = NT * 8;
+  __shared__ float red[kWarps][kCols][kRows];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int r = 0; r < RS; ++r)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const int row = r * 16 + g, col = nt * 8 + 2 * t;
+      red[warp][col][row] = acc[r][nt][0];
+      red[warp][col + 1][row] = acc[r][nt][1];
+      red[warp][col][row + 8] = acc[r][nt][2];
+      red[warp][col + 1][row + 8] = acc[r][nt][3];
+    }
+  __syncthreads();
+
+  const float alpha0 = 1024.f * (p.w_global ? *p.w_global : 1.f);  // 2^10 undoes F's 2^-10
+  const OutT* bias = static_cast<const OutT*>(p.bias);
+  OutT* d = static_cast<OutT*>(p.d);
+  for (int e = threadIdx.x; e < kRows * kCols; e += kWarps * 32) {
+    const int row = e % kRows, col = e / kRows;
+    const int64_t tok = tok0 + col;
+    if (tok >= p.m) continue;
+    float sum = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) sum += red[w][col][row];
+    const float alpha = p.x_scale ? alpha0 * p.x_scale[tok] : alpha0;
+    const int64_t n = strip0 * 16 + row;
+    float v = sum * alpha;
+    if (bias) v += to_float<OutT>(bias[n]);
+    d[tok * p.n + n] = from_float<OutT>(v);
+  }
+}
+
+}  // namespace wo_detail
+
+// The MXFP6 kernel family (cpp/sm90_fp6_gemm_weightonly.cu), called by weightonly_run for
+// a.scale == kMx6E2M3 / kMx6E3M2 once weightonly_check passed and the tile is resolved.
+cudaError_t weightonly_fp6_run(const WoArgs& a, int rows, int tokens, cudaStream_t stream);
+
+}  // namespace jax_gmma

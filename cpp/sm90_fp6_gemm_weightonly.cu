@@ -1,0 +1,267 @@
+// sm90 FP6 weight-only GEMM (MXFP6 e2m3 / e3m2 weights, E8M0 scale per 32 of K, x bf16
+// activations): the decode kernel, the FP6 sibling of cpp/sm90_fp4_gemm_weightonly.cu.
+//
+// Same structure as the FP4 kernel (swap AB: weights are mma.sync's A, 8 warps splitting K,
+// register prefetch ring, shared-memory reduction + epilogue from weightonly_common.cuh); only
+// the weight tile and its conversion differ:
+//
+//  * A 16-row x 64-K tile is 768 bytes; lane l loads 16 bytes at 16 l and 8 bytes at 512 + 8 l:
+//    six words, two groups of three (a 96-bit stream each) holding the 16 six-bit codes of two
+//    mma.m16n8k16 A operands (8 bf16x2 registers).
+//  * A 6-bit code placed at bf16 bits 15 | 8..4 (e2m3: s e1 e0 m2 m1 m0) is the bf16 number
+//    value * 2^-126; at 15 | 9..5 (e3m2: s e2 e1 e0 m1 m0) it is value * 2^-124 (e = 0 gives
+//    exact bf16 subnormals). One bf16x2 multiply by F = scale * 2^116 (e2m3) or 2^114 (e3m2)
+//    gives value * scale * 2^-10 exactly; the epilogue multiplies by 2^10.
+//  * Each bf16x2 register is an OR of "pieces" ((funnel-shifted window << shl) & mask): the
+//    prepared layout (jax_gmma.weightonly.FP6_PIECES, mirrored by Fp6Pieces below) is chosen so
+//    that few logic instructions are needed: e2m3 16 LOP3 + 5 SHF per 16 weights, e3m2 12 LOP3
+//    + 4 SHF; the left shifts are IMAD.SHL on the FMA pipe (the FP4 kernel is ALU-bound).
+#include <cstdint>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "jax_gmma/weightonly_api.h"
+#include "jax_gmma/weightonly_common.cuh"
+
+namespace jax_gmma {
+namespace {
+namespace fp6 {
+
+using namespace wo_detail;
+
+constexpr int kTileBytes = 768;   // 16 rows x 64 K of 6-bit codes
+constexpr int kScaleBytes = 32;   // E8M0 codes: 16 rows x 2 blocks of 32 K
+
+struct Piece {
+  int lo, hi, r, shl;  // window = (word[hi]:word[lo]) >> r (hi < 0: word[lo] >> r); << shl
+  uint32_t mask;       // mask == 0: unused slot
+};
+
+// Pieces of bf16x2 pair v (0..7) of a three-word group; KEEP IN SYNC with
+// jax_gmma/weightonly.py FP6_PIECES (tests/test_weightonly.py compares them).
+template <WoScale S>
+struct Fp6Pieces;
+template <>
+struct Fp6Pieces<WoScale::kMx6E2M3> {
+  static constexpr int kBias = 116;  // bits(F) = 128 (code + kBias)
+  __host__ __device__ static constexpr Piece get(int v, int i) {
+    constexpr Piece p[8][3] = {
+      {{0, -1, 0, 4, 0x000081F0u}, {0, -1, 0, 14, 0x81F00000u}, {0, -1, 0, 0, 0u}},
+      {{0, 1, 8, 0, 0x000081F0u}, {0, -1, 0, 2, 0x81F00000u}, {0, -1, 0, 0, 0u}},
+      {{0, 1, 20, 0, 0x000081F0u}, {0, 1, 20, 10, 0x81F00000u}, {0, -1, 0, 0, 0u}},
+      {{1, -1, 0, 0, 0x000081F0u}, {1, -1, 0, 4, 0x81F00000u}, {0, -1, 0, 0, 0u}},
+      {{1, 2, 6, 0, 0x000081F0u}, {2, -1, 0, 12, 0x81F00000u}, {0, -1, 0, 0, 0u}},
+      {{1, 2, 18, 0, 0x000081F0u}, {1, 2, 18, 10, 0x81F00000u}, {0, -1, 0, 0, 0u}},
+      {{2, -1, 0, 2, 0x000081F0u}, {2, -1, 0, 6, 0x81F00000u}, {0, -1, 0, 0, 0u}},
+      {{2, 0, 22, 0, 0x000081F0u}, {2, -1, 0, 0, 0x81F00000u}, {0, -1, 0, 0, 0u}},
+    };
+    return p[v][i];
+  }
+};
+template <>
+struct Fp6Pieces<WoScale::kMx6E3M2> {
+  static constexpr int kBias = 114;
+  __host__ __device__ static constexpr Piece get(int v, int i) {
+    constexpr Piece p[8][3] = {
+      {{0, -1, 0, 0, 0x83E083E0u}, {0, -1, 0, 0, 0u}, {0, -1, 0, 0, 0u}},
+      {{0, -1, 0, 5, 0x83E083E0u}, {0, -1, 0, 0, 0u}, {0, -1, 0, 0, 0u}},
+      {{1, -1, 0, 0, 0x83E083E0u}, {0, -1, 0, 0, 0u}, {0, -1, 0, 0, 0u}},
+      {{1, -1, 0, 5, 0x83E083E0u}, {0, -1, 0, 0, 0u}, {0, -1, 0, 0, 0u}},
+      {{2, -1, 0, 0, 0x83E083E0u}, {0, -1, 0, 0, 0u}, {0, -1, 0, 0, 0u}},
+      {{2, -1, 0, 5, 0x83E083E0u}, {0, -1, 0, 0, 0u}, {0, -1, 0, 0, 0u}},
+      {{0, -1, 6, 0, 0x01E001E0u}, {2, -1, 2, 0, 0x02000200u}, {2, -1, 0, 2, 0x80008000u}},
+      {{1, -1, 6, 0, 0x01E001E0u}, {2, -1, 3, 0, 0x02000200u}, {2, -1, 0, 1, 0x80008000u}},
+    };
+    return p[v][i];
+  }
+};
+
+template <WoScale S, int V>
+__device__ __forceinline__ uint32_t fp6_pair(const uint32_t (&w)[3]) {
+  uint32_t out = 0;
+#pragma unroll
+  for (int i = 0; i < 3; ++i) {
+    const Piece pc = Fp6Pieces<S>::get(V, i);
+    if (pc.mask == 0u) continue;
+    uint32_t win;
+    if (pc.hi < 0)
+      win = pc.r ? (w[pc.lo] >> pc.r) : w[pc.lo];
+    else
+      win = __funnelshift_r(w[pc.lo], w[pc.hi], pc.r);
+    // Left shifts as multiplies: IMAD.SHL on the FMA pipe, not the logic pipe.
+    out |= (win * (1u << pc.shl)) & pc.mask;
+  }
+  return out;
+}
+
+template <WoScale S>
+__device__ __forceinline__ void fp6_group(const uint32_t (&w)[3], uint32_t (&a)[8]) {
+  a[0] = fp6_pair<S, 0>(w);
+  a[1] = fp6_pair<S, 1>(w);
+  a[2] = fp6_pair<S, 2>(w);
+  a[3] = fp6_pair<S, 3>(w);
+  a[4] = fp6_pair<S, 4>(w);
+  a[5] = fp6_pair<S, 5>(w);
+  a[6] = fp6_pair<S, 6>(w);
+  a[7] = fp6_pair<S, 7>(w);
+}
+
+// (F, F) of one row from its E8M0 scale code (byte `sel` of `sc`).
+template <WoScale S>
+__device__ __forceinline__ uint32_t scale_pair(uint32_t sc, uint32_t sel) {
+  constexpr uint32_t kAdd = (uint32_t(Fp6Pieces<S>::kBias) << 7) * 0x10001u;
+  return prmt(sc, 0u, sel) * 128u + kAdd;  // E8M0 u -> bf16 exponent u + bias
+}
+
+template <int RS, int NT, WoScale S, typename OutT, int D>
+__global__ void __launch_bounds__(kWarps * 32) wo6_gemm_kernel(const WoParams p) {
+  static_assert(D % 2 == 0, "the activation double buffer is indexed by step parity");
+  constexpr int kCols = NT * 8;
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int64_t ksteps = p.k / 64;
+  const int64_t strip0 = static_cast<int64_t>(blockIdx.x) * RS;
+  const int64_t tok0 = static_cast<int64_t>(blockIdx.y) * kCols;
+  const int sc_off = (8 * (t >> 1) + g) * 2;
+  const uint8_t* wbase = p.w + strip0 * ksteps * kTileBytes + lane * 16;
+  const uint8_t* wbase2 = p.w + strip0 * ksteps * kTileBytes + 512 + lane * 8;
+  const uint8_t* sbase = p.s + strip0 * ksteps * kScaleBytes + sc_off;
+
+  // Token rows past M load row M - 1: their output columns are computed but never stored.
+  const __nv_bfloat16* xrow[NT];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const int64_t tok = tok0 + nt * 8 + g;
+    xrow[nt] = p.x + (tok < p.m ? tok : p.m - 1) * p.k + 16 * t;
+  }
+
+  float acc[RS][NT][4];
+#pragma unroll
+  for (int r = 0; r < RS; ++r)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[r][nt][i] = 0.f;
+
+  const int64_t nsteps = ksteps > warp ? (ksteps - warp + kWarps - 1) / kWarps : 0;
+  uint4 wr[D][RS];
+  uint2 wr2[D][RS];
+  uint32_t sr[D][RS];
+  uint4 xr[2][NT][2];
+  auto load_w = [&](int64_t i, uint4 (&w)[RS], uint2 (&w2)[RS], uint32_t (&s)[RS]) {
+    const int64_t j = warp + i * kWarps;
+#pragma unroll
+    for (int r = 0; r < RS; ++r) {
+      w[r] = ld_stream(wbase + (r * ksteps + j) * kTileBytes);
+      w2[r] = ld_stream8(wbase2 + (r * ksteps + j) * kTileBytes);
+      s[r] = ld_u16(sbase + (r * ksteps + j) * kScaleBytes);
+    }
+  };
+  auto load_x = [&](int64_t i, uint4 (&x)[NT][2]) {
+    const int64_t j = warp + i * kWarps;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const uint4* px = reinterpret_cast<const uint4*>(xrow[nt] + j * 64);
+      x[nt][0] = __ldg(px);
+      x[nt][1] = __ldg(px + 1);
+    }
+  };
+#pragma unroll
+  for (int u = 0; u < D; ++u)
+    if (u < nsteps) load_w(u, wr[u], wr2[u], sr[u]);
+  if (nsteps > 0) load_x(0, xr[0]);
+
+  auto step = [&](int u) {
+#pragma unroll
+    for (int r = 0; r < RS; ++r) {
+      const uint32_t f_lo = scale_pair<S>(sr[u][r], 0x4040u);  // row g
+      const uint32_t f_hi = scale_pair<S>(sr[u][r], 0x4141u);  // row g + 8
+      const uint32_t w0[3] = {wr[u][r].x, wr[u][r].y, wr[u][r].z};
+      const uint32_t w1[3] = {wr[u][r].w, wr2[u][r].x, wr2[u][r].y};
+#pragma unroll
+      for (int grp = 0; grp < 2; ++grp) {
+        uint32_t a[8];
+        fp6_group<S>(grp ? w1 : w0, a);
+#pragma unroll
+        for (int m = 0; m < 2; ++m) {
+          const int q = 2 * grp + m;
+          const uint32_t a0 = mul_bf16x2(a[4 * m + 0], f_lo);  // row g,     k 4q + 0, 1
+          const uint32_t a1 = mul_bf16x2(a[4 * m + 1], f_hi);  // row g + 8, k 4q + 0, 1
+          const uint32_t a2 = mul_bf16x2(a[4 * m + 2], f_lo);  // row g,     k 4q + 2, 3
+          const uint32_t a3 = mul_bf16x2(a[4 * m + 3], f_hi);  // row g + 8, k 4q + 2, 3
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) {
+            const uint4& xb = xr[u & 1][nt][q >> 1];
+            const uint32_t b0 = (q & 1) ? xb.z : xb.x;
+            const uint32_t b1 = (q & 1) ? xb.w : xb.y;
+            mma_bf16(acc[r][nt], a0, a1, a2, a3, b0, b1);
+          }
+        }
+      }
+    }
+  };
+  int64_t i0 = 0;
+  for (; i0 + D <= nsteps; i0 += D) {
+#pragma unroll
+    for (int u = 0; u < D; ++u) {
+      const int64_t i = i0 + u;
+      if (i + 1 < nsteps) load_x(i + 1, xr[(u + 1) & 1]);
+      step(u);
+      if (i + D < nsteps) load_w(i + D, wr[u], wr2[u], sr[u]);
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < D - 1; ++u) {
+    const int64_t i = i0 + u;
+    if (i < nsteps) {
+      if (i + 1 < nsteps) load_x(i + 1, xr[(u + 1) & 1]);
+      step(u);
+    }
+  }
+  reduce_store<RS, NT, OutT>(p, acc, strip0, tok0);
+}
+
+#ifndef JAX_GMMA_WO6_DEPTH
+#define JAX_GMMA_WO6_DEPTH 4  // weight prefetch depth (K steps of 64 in flight per warp)
+#endif
+
+template <int RS, int NT, WoScale S, typename OutT, int D = JAX_GMMA_WO6_DEPTH>
+cudaError_t launch(const WoArgs& a, cudaStream_t stream) {
+  const WoParams p = make_params(a);
+  const dim3 grid(static_cast<unsigned>(a.n / (16 * RS)),
+                  static_cast<unsigned>((a.m + NT * 8 - 1) / (NT * 8)));
+  wo6_gemm_kernel<RS, NT, S, OutT, D><<<grid, kWarps * 32, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <WoScale S, typename OutT>
+cudaError_t dispatch_tile(const WoArgs& a, int rows, int tokens, cudaStream_t stream) {
+  switch (rows * 10 + tokens / 8) {
+    case 161: return launch<1, 1, S, OutT>(a, stream);
+    case 162: return launch<1, 2, S, OutT>(a, stream);
+    case 321: return launch<2, 1, S, OutT>(a, stream);
+    case 322: return launch<2, 2, S, OutT>(a, stream);
+    case 641: return launch<4, 1, S, OutT>(a, stream);
+    case 642: return launch<4, 2, S, OutT>(a, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+template <WoScale S>
+cudaError_t dispatch_out(const WoArgs& a, int rows, int tokens, cudaStream_t stream) {
+  return a.d_is_f32 ? dispatch_tile<S, float>(a, rows, tokens, stream)
+                    : dispatch_tile<S, __nv_bfloat16>(a, rows, tokens, stream);
+}
+
+}  // namespace fp6
+}  // namespace
+
+cudaError_t weightonly_fp6_run(const WoArgs& a, int rows, int tokens, cudaStream_t stream) {
+  if (a.scale == WoScale::kMx6E2M3) return fp6::dispatch_out<WoScale::kMx6E2M3>(a, rows, tokens, stream);
+  if (a.scale == WoScale::kMx6E3M2) return fp6::dispatch_out<WoScale::kMx6E3M2>(a, rows, tokens, stream);
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace jax_gmma
