@@ -52,10 +52,11 @@ L2_BYTES = 60e6
 DECODE_SHAPES = ((28672, 8192), (8192, 8192), (8192, 28672), (4096, 14336))
 DECODE_MS = (1, 4, 16)
 PREFILL_SHAPES = ((8192, 8192), (28672, 8192))
-TOL = {"ours_nvfp4": 1e-2, "ours_mxfp4": 1e-2, "ours_mxfp6_e2m3": 1e-2, "ours_mxfp6_e3m2": 1e-2,
+TOL = {"ours_nvfp4_kernel": 1e-2, "ours_nvfp4_dequant": 1e-2, "ours_nvfp4": 1e-2, "ours_mxfp4": 1e-2, "ours_mxfp6_e2m3": 1e-2, "ours_mxfp6_e3m2": 1e-2,
        "ours_fp8": 5e-2}
 WO_IMPLS = {"ours_nvfp4": "nvfp4", "ours_mxfp4": "mxfp4", "ours_mxfp6_e2m3": "mxfp6_e2m3",
-            "ours_mxfp6_e3m2": "mxfp6_e3m2"}
+            "ours_mxfp6_e3m2": "mxfp6_e3m2", "ours_nvfp4_kernel": "nvfp4",
+            "ours_nvfp4_dequant": "nvfp4"}
 
 
 def _to_k(y, k):
@@ -82,6 +83,8 @@ def _steps(k):
       "ours_mxfp4": lambda x, w: jax_gmma.weightonly_gemm(x, w),
       "ours_mxfp6_e2m3": lambda x, w: jax_gmma.weightonly_gemm(x, w),
       "ours_mxfp6_e3m2": lambda x, w: jax_gmma.weightonly_gemm(x, w),
+      "ours_nvfp4_kernel": lambda x, w: jax_gmma.weightonly_gemm(x, w, path="kernel"),
+      "ours_nvfp4_dequant": lambda x, w: jax_gmma.weightonly_gemm(x, w, path="dequant"),
       "ours_fp8": lambda x, w: jax_gmma.fp8_gemm(x.astype(F8), w[0], None, w[1], out_dtype=BF16),
       "xla_fp8": lambda x, w: (lax.dot_general(x.astype(F8), w[0], TN, preferred_element_type=F32)
                                * w[1]).astype(BF16),
@@ -236,6 +239,9 @@ def main(argv=None):
   p.add_argument("--out", default="bench_weightonly_out")
   p.add_argument("--repeats", type=int, default=10)
   p.add_argument("--repeat-ms", type=float, default=50.0)
+  p.add_argument("--prefill-ms", default="4096",
+                 help="prefill token counts M,M (default 4096); e.g. 32,64,128,256 to place "
+                      "weightonly.PREFILL_MIN_M with impls ours_nvfp4_kernel,ours_nvfp4_dequant")
   p.add_argument("--impls", default="ours_nvfp4,ours_mxfp4,ours_mxfp6_e2m3,ours_mxfp6_e3m2,ours_fp8,"
                  "xla_fp8,bf16,xla_dequant_nvfp4")
   args = p.parse_args(argv)
@@ -248,8 +254,9 @@ def main(argv=None):
   if args.suite in ("decode", "all"):
     bench_decode(args, rows, fails, DECODE_SHAPES, DECODE_MS, impls)
   if args.suite in ("prefill", "all"):
-    bench_prefill(args, rows, fails, PREFILL_SHAPES,
-                  [i for i in impls if i != "xla_dequant_nvfp4"])
+    for m in (int(v) for v in args.prefill_ms.split(",") if v):
+      bench_prefill(args, rows, fails, PREFILL_SHAPES,
+                    [i for i in impls if i != "xla_dequant_nvfp4"], m=m)
   os.makedirs(args.out, exist_ok=True)
   meta = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               device=dev.device_kind, jax=jax.__version__, chain=CHAIN, suite=args.suite)

@@ -452,8 +452,33 @@ def pick_tile(m: int, n: int) -> tuple:
   return rows, tokens
 
 
+#: ``path="auto"`` takes the dequantize + bf16 GEMM path from this many tokens (M) on: the
+#: decode kernel re-reads the weights per 16 tokens, so its time grows with M, while the
+#: dequantize path pays one pass over the weights and then runs at bf16 tensor-core speed.
+#: Measured on the H200 (benchmarks/results/2026-11-29-h200/session4/weightonly_prefill).
+PREFILL_MIN_M = 64
+PATHS = ("auto", "kernel", "dequant")
+
+
+def _dequant_gemm(x2, xs, w: PackedWeight, b, *, out_dtype, has_x_scale: bool, has_bias: bool):
+  """The prefill path: the weight dequantized once to bfloat16 *without* its NVFP4 global scale
+  (each element is a code times its block scale: at most 5 significant bits, exact in bf16),
+  one bf16 x bf16 -> float32 GEMM (XLA: cuBLAS / Triton tensor cores), then global scale, token
+  scales and bias in float32. Same exact operands as the kernel; only the float32 summation
+  order differs."""
+  wb = _dequant_impl(w.packed, w.scales, jnp.ones((1,), jnp.float32), w.format, w.n, w.k)
+  acc = jax.lax.dot_general(x2[:, :w.k], wb.astype(jnp.bfloat16), (((1,), (1,)), ((), ())),
+                            preferred_element_type=jnp.float32)
+  acc = acc * w.global_scale.reshape(())
+  if has_x_scale:
+    acc = acc * xs.reshape(-1, 1)
+  if has_bias:
+    acc = acc + b.astype(jnp.float32).reshape(1, -1)
+  return acc.astype(out_dtype)
+
+
 def weightonly_gemm(x, w: PackedWeight, *, x_scale=None, bias=None, out_dtype=None,
-                    rows: Optional[int] = None, tokens: Optional[int] = None):
+                    rows: Optional[int] = None, tokens: Optional[int] = None, path: str = "auto"):
   """``out = x_scale * (x @ dequantize(w).T) + bias`` with FP4 / FP6 weights (Hopper kernel).
 
   Args:
@@ -463,10 +488,15 @@ def weightonly_gemm(x, w: PackedWeight, *, x_scale=None, bias=None, out_dtype=No
     x_scale: None, a scalar or (..., M) per-token float32 scales.
     bias: optional (N,), added in float32.
     out_dtype: bfloat16 (default) or float32.
-    rows, tokens: force the kernel's CTA shape (rows in 16/32/64, tokens in 8/16).
+    rows, tokens: force the kernel's CTA shape (rows in 16/32/64, tokens in 8/16); implies
+      ``path="kernel"``.
+    path: "kernel" (the weight-only decode kernel), "dequant" (the prefill path: dequantize the
+      weight to bf16 once per call, then a bf16 tensor-core GEMM with float32 accumulation), or
+      "auto" (default): "dequant" when M >= :data:`PREFILL_MIN_M`, else "kernel".
 
   The kernel is built for decode (M up to 16, where it streams the weights at HBM speed); it
-  is correct for any M but re-reads the weights per 16 tokens, so large M is slow.
+  is correct for any M but re-reads the weights per 16 tokens, so large M goes to the dequant
+  path. Both use the same exact bf16 operands and accumulate in float32.
   """
   who = "jax_gmma.weightonly_gemm"
   if not isinstance(w, PackedWeight):
@@ -486,6 +516,13 @@ def weightonly_gemm(x, w: PackedWeight, *, x_scale=None, bias=None, out_dtype=No
   out_dtype = shapes.BF16 if out_dtype is None else np.dtype(jnp.dtype(out_dtype))
   if out_dtype not in OUT_DTYPES:
     raise TypeError(f"{who}: out_dtype must be bfloat16 or float32, got {out_dtype.name}")
+  if path not in PATHS:
+    raise ValueError(f"{who}: path must be one of {PATHS}, got {path!r}")
+  if path == "dequant" and (rows is not None or tokens is not None):
+    raise ValueError(f"{who}: rows / tokens choose the kernel's CTA shape; they do not apply to "
+                     "path='dequant'")
+  if path == "auto":
+    path = "kernel" if (m < PREFILL_MIN_M or rows is not None or tokens is not None) else "dequant"
   prow, ptok = pick_tile(m, w.n)
   rows = prow if rows is None else rows
   tokens = ptok if tokens is None else tokens
@@ -515,6 +552,10 @@ def weightonly_gemm(x, w: PackedWeight, *, x_scale=None, bias=None, out_dtype=No
     b = b.astype(out_dtype)
   else:
     b = jnp.zeros((1,), out_dtype)
+  if path == "dequant":
+    out = _dequant_gemm(x2, xs, w, b, out_dtype=out_dtype, has_x_scale=x_scale is not None,
+                        has_bias=bias is not None)
+    return out.reshape(*lead, w.n)
   out = weightonly_gemm_p.bind(x2, xs, w.packed, w.scales, w.global_scale, b, fmt=w.format, n=w.n,
                                k=w.k, out_dtype=out_dtype, has_x_scale=x_scale is not None,
                                has_bias=bias is not None, rows=int(rows), tokens=int(tokens))

@@ -155,15 +155,16 @@ def test_fp6_layout_independent(fmt):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_reference_matches_float64(fmt):
+@pytest.mark.parametrize("path", ["auto", "dequant"])
+def test_reference_matches_float64(fmt, path):
   rng = _rng(3)
   n, k, m = 32, 192, 5
   w = rng.standard_normal((n, k)).astype(np.float32)
   wp = wo.prepare(w, fmt)
   x = jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16)
   bias = rng.standard_normal(n).astype(np.float32)
-  out = jax.jit(lambda x, wp, b: jax_gmma.weightonly_gemm(x, wp, bias=b, out_dtype=jnp.float32))(
-      x, wp, bias)
+  out = jax.jit(lambda x, wp, b: jax_gmma.weightonly_gemm(x, wp, bias=b, out_dtype=jnp.float32,
+                                                         path=path))(x, wp, bias)
   ref = np.asarray(x, np.float64) @ np.asarray(wo.dequantize_packed(wp), np.float64).T + bias
   err = np.linalg.norm(np.asarray(out) - ref) / np.linalg.norm(ref)
   assert err < 1e-6, err
@@ -206,6 +207,10 @@ def test_errors():
     jax_gmma.weightonly_gemm(jnp.ones((1, 128), jnp.bfloat16), wp, out_dtype=jnp.float16)
   with pytest.raises(TypeError, match="PackedWeight"):
     jax_gmma.weightonly_gemm(jnp.ones((1, 128), jnp.bfloat16), jax_gmma.quantize(w, "nvfp4"))
+  with pytest.raises(ValueError, match="path must be one of"):
+    jax_gmma.weightonly_gemm(jnp.ones((1, 128), jnp.bfloat16), wp, path="fast")
+  with pytest.raises(ValueError, match="do not apply to path='dequant'"):
+    jax_gmma.weightonly_gemm(jnp.ones((1, 128), jnp.bfloat16), wp, rows=16, path="dequant")
 
 
 def test_fp6_errors():
@@ -245,7 +250,7 @@ def _weights(fmt, n, k, seed):
 
 
 def _check(fmt, m, n, k, seed, out_dtype=jnp.bfloat16, x_kind="bf16", bias=False, rows=None,
-           tokens=None):
+           tokens=None, path="auto"):
   rng = _rng(seed + 99)
   _, wp = _weights(fmt, n, k, seed)
   wdq = np.asarray(wo.dequantize_packed(wp), np.float64)
@@ -261,7 +266,7 @@ def _check(fmt, m, n, k, seed, out_dtype=jnp.bfloat16, x_kind="bf16", bias=False
   b = jnp.asarray(rng.standard_normal(n), out_dtype) if bias else None
   f = jax.jit(lambda x, wp, xs, b: jax_gmma.weightonly_gemm(x, wp, x_scale=xs, bias=b,
                                                             out_dtype=out_dtype, rows=rows,
-                                                            tokens=tokens))
+                                                            tokens=tokens, path=path))
   out = np.asarray(f(x, wp, xs, b).astype(jnp.float32), np.float64)
   rows_ = np.arange(m) if m <= 256 else rng.choice(m, 256, replace=False)
   ref = x64[rows_] @ wdq.T
@@ -288,8 +293,19 @@ def test_kernel_shapes(fmt, m, n, k):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_kernel_prefill_m4096(fmt):
-  _check(fmt, 4096, 4096, 4096, seed=11)
+@pytest.mark.parametrize("path", ["kernel", "dequant"])
+def test_kernel_prefill_m4096(fmt, path):
+  _check(fmt, 4096, 4096, 4096, seed=11, path=path)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("path", ["kernel", "dequant"])
+def test_both_paths_at_the_switch(fmt, path):
+  # M = 128 takes the dequant path by default (test_kernel_shapes); the kernel must stay right
+  # there, and the dequant path must also be right with FP8 activations, token scales and bias.
+  _check(fmt, 128, 8192, 8192, seed=21, out_dtype=jnp.float32, path=path)
+  _check(fmt, wo.PREFILL_MIN_M, 1024, 2048, seed=22, x_kind="fp8", bias=True, path=path)
 
 
 @pytest.mark.gpu
