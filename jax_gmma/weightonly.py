@@ -455,8 +455,11 @@ def pick_tile(m: int, n: int) -> tuple:
 #: ``path="auto"`` takes the dequantize + bf16 GEMM path from this many tokens (M) on: the
 #: decode kernel re-reads the weights per 16 tokens, so its time grows with M, while the
 #: dequantize path pays one pass over the weights and then runs at bf16 tensor-core speed.
-#: Measured on the H200 (benchmarks/results/2026-11-29-h200/session4/weightonly_prefill).
-PREFILL_MIN_M = 64
+#: Measured on the H200 (benchmarks/results/2026-11-29-h200/session4/weightonly_prefill, NVFP4,
+#: us): M = 64: kernel 85 / 271, dequant 247 / 816 (N x K = 8192 x 8192 / 28672 x 8192);
+#: M = 256: kernel 306 / 1045, dequant 261 / 885. The dequantize fusion itself costs ~160 us
+#: per 8192 x 8192 weight (XLA's bit extraction), which is what sets the switch this high.
+PREFILL_MIN_M = 256
 PATHS = ("auto", "kernel", "dequant")
 
 
