@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A Llama-3-8B-shaped decoder (random weights) with a KV cache and a jitted decode loop, its
-Linear layers in bf16, XLA's FP8, jax-gmma's FP8 GEMMs, jax-gmma's FP4 weight-only GEMMs, and
+Linear layers in bf16, XLA's FP8, jax-gmma's FP8 GEMMs, jax-gmma's FP4/FP6 weight-only GEMMs, and
 emulated block-scaled formats.
 
 Shapes are Llama-3-8B's (hidden 4096, 32 query heads, 8 KV heads (GQA), head dim 128, SwiGLU FFN
@@ -89,7 +89,7 @@ NT = (((1,), (1,)), ((), ()))  # (M, K) x (N, K) -> (M, N)
 
 #: The block-scaled formats (no GEMM kernel yet): each runs as ``emu:FMT`` by default.
 BLOCK_FORMATS = ("fp8_1x128", "fp8_128x128", "mxfp8", "mxfp6_e2m3", "mxfp6_e3m2", "nvfp4", "mxfp4")
-#: The FP4 weight-only GEMMs (real kernels on Hopper): each runs as ``wo:FMT`` by default.
+#: The FP4/FP6 weight-only GEMMs (real kernels on Hopper): each runs as ``wo:FMT`` by default.
 WEIGHTONLY_FORMATS = tuple(f"wo:{f}" for f in weightonly_formats())
 DEFAULT_FORMATS = ("bf16", "xla_fp8", "fp8_tensor", "fp8_channel") + tuple(
     f"emu:{f}" for f in BLOCK_FORMATS) + WEIGHTONLY_FORMATS
@@ -148,7 +148,7 @@ class LlamaConfig:
     from jax_gmma import weightonly
     for name, (n, k) in self.linear_shapes().items():
       if n % weightonly.TILE_ROWS:
-        raise ValueError(f"{name}: (N, K) = ({n}, {k}); the FP4 weight-only GEMM (wo:FMT) needs "
+        raise ValueError(f"{name}: (N, K) = ({n}, {k}); the FP4/FP6 weight-only GEMM (wo:FMT) needs "
                          f"N % {weightonly.TILE_ROWS} == 0 (choose --hidden/--ffn/--heads/"
                          "--kv-heads/--head-dim accordingly)")
 
@@ -292,7 +292,7 @@ class Variant(QuantizedLinear):
     return {"bf16": "bf16 dot (baseline)",
             "xla_fp8": "XLA fp8 dot_general",
             "gemm": "jax_gmma.dot GEMM",
-            "weightonly": "FP4 weight-only GEMM (x bf16)",
+            "weightonly": "FP4/FP6 weight-only GEMM (x bf16)",
             "emulated": f"emulation (x {self.x_format})"}[self.kind]
 
   def prepare(self, w):
@@ -322,7 +322,7 @@ class Variant(QuantizedLinear):
 
 def parse_variant(spec: str) -> Variant:
   """``bf16`` | ``xla_fp8`` | a jax_gmma.dot GEMM format | ``emu:FMT`` (quantize/dequantize) |
-  ``wo:FMT`` (FP4 weight-only GEMM)."""
+  ``wo:FMT`` (FP4/FP6 weight-only GEMM)."""
   spec = spec.strip()
   if spec in ("bf16", "xla_fp8"):
     return Variant(label=spec, kind=spec)
@@ -331,7 +331,7 @@ def parse_variant(spec: str) -> Variant:
   except UnknownFormat:
     raise ValueError(f"{spec}: unknown format; use bf16, xla_fp8, a GEMM format "
                      f"({', '.join(gemm_formats())}), emu:FMT with FMT in "
-                     f"{', '.join(jax_gmma.FORMATS)}, or wo:FMT (FP4 weight-only GEMM) with FMT "
+                     f"{', '.join(jax_gmma.FORMATS)}, or wo:FMT (FP4/FP6 weight-only GEMM) with FMT "
                      f"in {', '.join(weightonly_formats())}") from None
 
 
@@ -694,7 +694,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--formats", default=",".join(DEFAULT_FORMATS),
                   help="comma-separated: bf16, xla_fp8, GEMM formats (%s), emu:FMT emulations, "
-                       "wo:FMT FP4 weight-only GEMMs (FMT in %s) (default: %%(default)s); bf16 "
+                       "wo:FMT FP4/FP6 weight-only GEMMs (FMT in %s) (default: %%(default)s); bf16 "
                        "always runs (the reference)"
                        % (", ".join(gemm_formats()), ", ".join(weightonly_formats())))
   ap.add_argument("--preset", choices=sorted(PRESETS), default="llama3-8b",
@@ -746,7 +746,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "forced agree: same, fed bf16's tokens (teacher forcing). The lm_head, embedding and "
         "norms are bf16 in every row. emu:FMT rows are a quantize-dequantize emulation in "
         "float32, not a GEMM kernel: their speed is not a format's speed. wo:FMT rows are FP4 "
-        "weight-only GEMMs: FP4 weights, bf16 activations (no activation quantization).")
+        "weight-only GEMMs: FP4/FP6 weights, bf16 activations (no activation quantization).")
   calls = {r["format"]: r["custom_calls"] for r in result["results"] if r["custom_calls"]}
   if calls:
     print("\ncustom calls in each compiled decode program:")

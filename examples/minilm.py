@@ -83,7 +83,7 @@ DEFAULT_FORMATS = ("fp8_tensor", "fp8_channel", "emu:mxfp8", "emu:mxfp6_e2m3", "
 
 #: The "kind" column of the report, per QuantizedLinear kind.
 KIND_LABELS = {"float": "float", "gemm": "jax_gmma.dot GEMM",
-               "weightonly": "FP4 weight-only GEMM (x bf16)"}
+               "weightonly": "FP4/FP6 weight-only GEMM (x bf16)"}
 
 #: Published float32 behaviour of all-MiniLM-L6-v2 (sentence-transformers quickstart,
 #: sbert.net/docs/quickstart.html): pairwise cosine similarities, printed to 4 decimals.
@@ -256,7 +256,7 @@ def float_method(dtype: str = "float32") -> Method:
 
 def parse_method(spec: str) -> Method:
   """``FMT`` -> jax-gmma GEMM (FMT must have a kernel); ``emu:FMT`` -> dequantize emulation;
-  ``wo:FMT`` -> FP4 weight-only GEMM (bf16 activations)."""
+  ``wo:FMT`` -> FP4/FP6 weight-only GEMM (bf16 activations)."""
   return parse_spec(spec, Method)
 
 
@@ -544,7 +544,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         " of the k nearest neighbours; max|dsim|: largest change of a pairwise similarity; para@1:"
         " fraction of paraphrase sentences whose nearest neighbour is a paraphrase; time: one"
         " compiled forward. emu:FMT rows are a quantize-dequantize emulation, not a GEMM kernel;"
-        " wo:FMT rows multiply FP4 weights by bf16 activations (no activation quantization).")
+        " wo:FMT rows multiply FP4/FP6 weights by bf16 activations (no activation quantization).")
   chk = result["float32_checks"]
   pub = chk["published_similarities"]
   print(f"\nfloat32 vs published quickstart similarities {pub['expected']}: got "

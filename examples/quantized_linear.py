@@ -62,7 +62,7 @@ def gemm_formats() -> Tuple[str, ...]:
 
 
 def weightonly_formats() -> Tuple[str, ...]:
-  """Weight formats of the FP4 weight-only GEMM (``wo:FMT``) in the installed jax-gmma
+  """Weight formats of the FP4/FP6 weight-only GEMM (``wo:FMT``) in the installed jax-gmma
   (``jax_gmma.weightonly.FORMATS``; empty in a version without it)."""
   return tuple(getattr(getattr(jax_gmma, "weightonly", None), "FORMATS", ()))
 
@@ -112,14 +112,14 @@ Q = TypeVar("Q", bound=QuantizedLinear)
 
 def parse_spec(spec: str, cls: Type[Q] = QuantizedLinear) -> Q:
   """``FMT`` -> a jax-gmma GEMM (FMT must have a kernel); ``emu:FMT`` -> the quantize/dequantize
-  emulation; ``wo:FMT`` -> the FP4 weight-only GEMM (bf16 activations); built as ``cls`` (a
+  emulation; ``wo:FMT`` -> the FP4/FP6 weight-only GEMM (bf16 activations); built as ``cls`` (a
   ``QuantizedLinear`` subclass). Raises ``ValueError`` otherwise (``UnknownFormat`` for a name
   that is no format at all)."""
   spec = spec.strip()
   if spec.startswith("wo:"):
     fmt = spec[3:]
     if fmt not in weightonly_formats():
-      raise ValueError(f"{spec}: the FP4 weight-only GEMM has no format {fmt!r}; wo: formats: "
+      raise ValueError(f"{spec}: the FP4/FP6 weight-only GEMM has no format {fmt!r}; wo: formats: "
                        f"{', '.join(weightonly_formats()) or 'none in this jax-gmma'}")
     return cls(label=spec, kind="weightonly", fmt=fmt, x_format=None)
   if spec.startswith("emu:"):
@@ -130,7 +130,7 @@ def parse_spec(spec: str, cls: Type[Q] = QuantizedLinear) -> Q:
   if spec in gemm_formats():
     return cls(label=spec, kind="gemm", fmt=spec, x_format=GEMM_ACTIVATION_FORMAT)
   if spec in jax_gmma.FORMATS:
-    wo = (f", or 'wo:{spec}' for the FP4 weight-only GEMM (bf16 activations)"
+    wo = (f", or 'wo:{spec}' for the FP4/FP6 weight-only GEMM (bf16 activations)"
           if spec in weightonly_formats() else "")
     raise ValueError(f"{spec}: jax_gmma.dot has no GEMM kernel for this format yet (GEMM formats: "
                      f"{', '.join(gemm_formats())}); use 'emu:{spec}' for the dequantize "

@@ -118,13 +118,13 @@ def _dot_mx(x, w: QuantizedArray, *, bias, out_dtype, x_format, config):
 
 
 def _dot_weightonly(x, w, *, bias, out_dtype):
-  """``dot`` for FP4 weights prepared for Hopper (jax_gmma.weightonly.prepare): a float x is
+  """``dot`` for FP4 / FP6 weights prepared for Hopper (jax_gmma.weightonly.prepare): a float x is
   multiplied in bfloat16 (float32/float16 inputs are rounded to bf16 first); an FP8
   QuantizedArray x (fp8_tensor / fp8_channel) is widened to bf16 exactly with its scales."""
   from .weightonly import weightonly_gemm  # noqa: PLC0415
   if isinstance(x, QuantizedArray):
     if x.format.name not in DOT_WEIGHT_FORMATS:
-      raise ValueError(f"x: format {x.format.name!r} cannot multiply FP4 weights; use fp8_tensor, "
+      raise ValueError(f"x: format {x.format.name!r} cannot multiply FP4/FP6 weights; use fp8_tensor, "
                        "fp8_channel or a float x")
     return weightonly_gemm(x.data, w, x_scale=x.scales, bias=bias,
                            out_dtype=shapes.BF16 if out_dtype is None else out_dtype)

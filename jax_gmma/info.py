@@ -10,7 +10,7 @@ from . import _backend, configs
 
 
 def weightonly_path(devs) -> str:
-  """How the FP4 weight-only GEMM (``weightonly_gemm``, ``dot`` on a PackedWeight; target
+  """How the FP4/FP6 weight-only GEMM (``weightonly_gemm``, ``dot`` on a PackedWeight; target
   ``jax_gmma_weightonly_gemm``) runs here: the sm_90a kernel on Hopper with the library built,
   else the pure-JAX reference (an error on a CUDA GPU without the kernel, unless opted in)."""
   from .weightonly import WEIGHTONLY_TARGET  # noqa: PLC0415
@@ -83,7 +83,7 @@ def info_text() -> str:
     path = f"ERROR at trace time unless the reference is allowed: {err}"
   lines.append("formats / paths:")
   lines.append(f"  fp8 per-tensor / per-channel (fp8_gemm, dot): {path}")
-  lines.append(f"  FP4 weight-only nvfp4 / mxfp4 x bf16 (weightonly_gemm, dot on PackedWeight): "
+  lines.append(f"  FP4/FP6 weight-only nvfp4 / mxfp4 / mxfp6 x bf16 (weightonly_gemm, dot on PackedWeight): "
                f"{weightonly_path(devs)}")
   lines.append(f"  activation quantize fp8_1x128 / mxfp8, e4m3 (quantize): {quantize_path(devs)}")
   # Blackwell block-scaled MX / NVFP4 GEMMs (mx_gemm, dot on MX/NVFP4 weights), per format pair.

@@ -21,7 +21,7 @@ def test_info_text_names_versions_and_paths():
   assert "fp8 per-tensor / per-channel" in text
   assert ("CUDA kernel" in text) or ("reference" in text) or ("ERROR" in text)
   # The FP4 weight-only GEMM and the activation quantize kernel report their path too.
-  wo = _path_line(text, "FP4 weight-only nvfp4 / mxfp4 x bf16 (weightonly_gemm, dot on PackedWeight):")
+  wo = _path_line(text, "FP4/FP6 weight-only nvfp4 / mxfp4 / mxfp6 x bf16 (weightonly_gemm, dot on PackedWeight):")
   qk = _path_line(text, "activation quantize fp8_1x128 / mxfp8, e4m3 (quantize):")
   if not _backend.cuda_devices():
     assert wo.endswith("pure-JAX reference (no CUDA GPU)"), wo
@@ -83,7 +83,7 @@ def test_module_entry_point():
                      timeout=300)
   assert r.returncode == 0, r.stderr
   assert "jax-gmma" in r.stdout
-  assert "FP4 weight-only" in r.stdout and "activation quantize" in r.stdout
+  assert "FP4/FP6 weight-only" in r.stdout and "activation quantize" in r.stdout
   r = subprocess.run([sys.executable, "-P", "-m", "jax_gmma", "nope"], capture_output=True, text=True,
                      timeout=300)
   assert r.returncode == 2 and "usage" in r.stderr

@@ -204,7 +204,7 @@ def test_format_names(ld):
   for fmt in ("nvfp4", "mxfp4"):
     v = ld.parse_variant(f"wo:{fmt}")
     assert (v.kind, v.fmt, v.x_format) == ("weightonly", fmt, None)
-    assert v.description.startswith("FP4 weight-only") and f"wo:{fmt}" in ld.DEFAULT_FORMATS
+    assert v.description.startswith("FP4/FP6 weight-only") and f"wo:{fmt}" in ld.DEFAULT_FORMATS
     with pytest.raises(ValueError, match=f"wo:{fmt}"):  # the plain name points to wo: too
       ld.parse_variant(fmt)
   with pytest.raises(ValueError, match="nvfp4, mxfp4"):  # names the valid wo: formats
@@ -242,6 +242,6 @@ def test_command_line(ld, tmp_path, capsys):
   assert rows["fp8_channel"]["weight_bytes"] < rows["bf16"]["weight_bytes"]
   # wo:nvfp4: FP4 layer weights (+ a scale byte per 16) are under half of FP8's
   wo = rows["wo:nvfp4"]
-  assert wo["kind"] == "weightonly" and wo["what_runs"].startswith("FP4 weight-only")
+  assert wo["kind"] == "weightonly" and wo["what_runs"].startswith("FP4/FP6 weight-only")
   assert wo["layer_weight_bytes"] < 0.6 * rows["fp8_channel"]["layer_weight_bytes"]
   assert len(res["bf16_tokens"][0]) == 4 + 1 and res["config"]["layers"] == 1

@@ -136,7 +136,7 @@ def test_block_scaled_emulation(result):
 @pytest.mark.parametrize("fmt", WO_FORMATS)
 def test_fp4_weightonly_gemm(result, fmt):
   r = _row(result, fmt)
-  assert r["kind"] == "FP4 weight-only GEMM (x bf16)"
+  assert r["kind"] == "FP4/FP6 weight-only GEMM (x bf16)"
   assert r["mean_cos"] >= WO_MIN_COS[fmt][0], r
   assert r["worst_cos"] >= WO_MIN_COS[fmt][1], r
   assert r["top1_agree"] >= WO_MIN_TOP1_AGREE, r
