@@ -78,26 +78,14 @@ __global__ void __launch_bounds__(kWarps * 32) wo_gemm_kernel(const WoParams p) 
   const uint8_t* wbase = p.w + strip0 * ksteps * kTileBytes + lane * 16;
   const uint8_t* sbase = p.s + strip0 * ksteps * kScaleBytes + sc_off;
 
-  // Token rows past M load row M - 1: their output columns are computed but never stored.
-  const __nv_bfloat16* xrow[NT];
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-    const int64_t tok = tok0 + nt * 8 + g;
-    xrow[nt] = p.x + (tok < p.m ? tok : p.m - 1) * p.k + 16 * t;
-  }
-
+  const XRows<NT> xrows(p, tok0, g, t);
   float acc[RS][NT][4];
-#pragma unroll
-  for (int r = 0; r < RS; ++r)
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[r][nt][i] = 0.f;
+  zero_acc(acc);
 
   // This warp's K steps are warp, warp + kWarps, ...: step i of the warp is K step
   // warp + i * kWarps. Weights and scales run D steps ahead in a register ring, the
   // activations (L2-resident) one step ahead.
-  const int64_t nsteps = ksteps > warp ? (ksteps - warp + kWarps - 1) / kWarps : 0;
+  const int64_t nsteps = warp_ksteps(ksteps, warp);
   uint4 wr[D][RS];
   uint32_t sr[D][RS];
   uint4 xr[2][NT][2];
@@ -109,15 +97,7 @@ __global__ void __launch_bounds__(kWarps * 32) wo_gemm_kernel(const WoParams p) 
       s[r] = ld_u16(sbase + (r * ksteps + j) * kScaleBytes);
     }
   };
-  auto load_x = [&](int64_t i, uint4 (&x)[NT][2]) {
-    const int64_t j = warp + i * kWarps;
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      const uint4* px = reinterpret_cast<const uint4*>(xrow[nt] + j * 64);
-      x[nt][0] = __ldg(px);
-      x[nt][1] = __ldg(px + 1);
-    }
-  };
+  auto load_x = [&](int64_t i, uint4 (&x)[NT][2]) { xrows.load(warp + i * kWarps, x); };
 #pragma unroll
   for (int u = 0; u < D; ++u)
     if (u < nsteps) load_w(u, wr[u], sr[u]);
@@ -136,36 +116,14 @@ __global__ void __launch_bounds__(kWarps * 32) wo_gemm_kernel(const WoParams p) 
         const uint32_t a1 = mul_bf16x2(e2m1_pair1(w), f_hi);  // row g + 8, k 4q + 0, 1
         const uint32_t a2 = mul_bf16x2(e2m1_pair2(w), f_lo);  // row g,     k 4q + 2, 3
         const uint32_t a3 = mul_bf16x2(e2m1_pair3(w), f_hi);  // row g + 8, k 4q + 2, 3
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          const uint4& xb = xr[u & 1][nt][q >> 1];
-          const uint32_t b0 = (q & 1) ? xb.z : xb.x;
-          const uint32_t b1 = (q & 1) ? xb.w : xb.y;
-          mma_bf16(acc[r][nt], a0, a1, a2, a3, b0, b1);
-        }
+        mma_tiles(acc[r], a0, a1, a2, a3, xr[u & 1], q);
       }
     }
   };
   // Whole groups of D steps: no per-step guards except on the prefetches.
-  int64_t i0 = 0;
-  for (; i0 + D <= nsteps; i0 += D) {
-#pragma unroll
-    for (int u = 0; u < D; ++u) {
-      const int64_t i = i0 + u;
-      if (i + 1 < nsteps) load_x(i + 1, xr[(u + 1) & 1]);
-      step(u);
-      if (i + D < nsteps) load_w(i + D, wr[u], sr[u]);
-    }
-  }
-  // The last nsteps % D steps (already loaded into ring slots 0 .. nsteps % D - 1).
-#pragma unroll
-  for (int u = 0; u < D - 1; ++u) {
-    const int64_t i = i0 + u;
-    if (i < nsteps) {
-      if (i + 1 < nsteps) load_x(i + 1, xr[(u + 1) & 1]);
-      step(u);
-    }
-  }
+  ring_k_loop<D>(
+      nsteps, [&](int64_t i, int slot) { load_x(i, xr[slot]); }, step,
+      [&](int64_t i, int slot) { load_w(i, wr[slot], sr[slot]); });
 
   reduce_store<RS, NT, OutT>(p, acc, strip0, tok0);
 }
@@ -174,27 +132,12 @@ __global__ void __launch_bounds__(kWarps * 32) wo_gemm_kernel(const WoParams p) 
 #define JAX_GMMA_WO_DEPTH 4  // weight prefetch depth (K steps of 64 in flight per warp)
 #endif
 
-template <int RS, int NT, WoScale S, typename OutT, int D = JAX_GMMA_WO_DEPTH>
-cudaError_t launch(const WoArgs& a, cudaStream_t stream) {
-  const WoParams p = make_params(a);
-  const dim3 grid(static_cast<unsigned>(a.n / (16 * RS)),
-                  static_cast<unsigned>((a.m + NT * 8 - 1) / (NT * 8)));
-  wo_gemm_kernel<RS, NT, S, OutT, D><<<grid, kWarps * 32, 0, stream>>>(p);
-  return cudaGetLastError();
-}
-
-template <WoScale S, typename OutT>
+template <WoScale S, typename OutT, int D = JAX_GMMA_WO_DEPTH>
 cudaError_t dispatch_tile(const WoArgs& a, int rows, int tokens, cudaStream_t stream) {
-  const int nt = tokens / 8;
-  switch (rows * 10 + nt) {
-    case 161: return launch<1, 1, S, OutT>(a, stream);
-    case 162: return launch<1, 2, S, OutT>(a, stream);
-    case 321: return launch<2, 1, S, OutT>(a, stream);
-    case 322: return launch<2, 2, S, OutT>(a, stream);
-    case 641: return launch<4, 1, S, OutT>(a, stream);
-    case 642: return launch<4, 2, S, OutT>(a, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  return dispatch_tile_shape(rows, tokens, [&](auto rs, auto nt) {
+    constexpr int RS = decltype(rs)::value, NT = decltype(nt)::value;
+    return launch_tile<RS, NT>(a, stream, wo_gemm_kernel<RS, NT, S, OutT, D>);
+  });
 }
 
 void resolve(const WoArgs& a, int* rows, int* tokens) {

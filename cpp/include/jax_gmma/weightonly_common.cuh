@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -132,6 +133,117 @@ __device__ __forceinline__ void reduce_store(const WoParams& p, float (&acc)[RS]
     float v = sum * alpha;
     if (bias) v += to_float<OutT>(bias[n]);
     d[tok * p.n + n] = from_float<OutT>(v);
+  }
+}
+
+// A lane's activation rows (token tok0 + 8 nt + g, K offset 16 t) and their loads for one K step
+// of 64 (two 16-byte loads per 8-token tile; activations are L2-resident). Token rows past M read
+// row M - 1: their output columns are computed but never stored.
+template <int NT>
+struct XRows {
+  const __nv_bfloat16* row[NT];
+  __device__ __forceinline__ XRows(const WoParams& p, int64_t tok0, int g, int t) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const int64_t tok = tok0 + nt * 8 + g;
+      row[nt] = p.x + (tok < p.m ? tok : p.m - 1) * p.k + 16 * t;
+    }
+  }
+  // K step j (K = 64 j .. 64 j + 63).
+  __device__ __forceinline__ void load(int64_t j, uint4 (&x)[NT][2]) const {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const uint4* px = reinterpret_cast<const uint4*>(row[nt] + j * 64);
+      x[nt][0] = __ldg(px);
+      x[nt][1] = __ldg(px + 1);
+    }
+  }
+};
+
+template <int RS, int NT>
+__device__ __forceinline__ void zero_acc(float (&acc)[RS][NT][4]) {
+#pragma unroll
+  for (int r = 0; r < RS; ++r)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[r][nt][i] = 0.f;
+}
+
+// A warp's K steps are warp, warp + kWarps, ...: how many of the ksteps it has.
+__device__ __forceinline__ int64_t warp_ksteps(int64_t ksteps, int warp) {
+  return ksteps > warp ? (ksteps - warp + kWarps - 1) / kWarps : 0;
+}
+
+// One k16 slice q (0..3) of a K step for one 16-row strip: the scaled bf16x2 A registers a0..a3
+// (rows g / g + 8, k 4q + 0..1 / 4q + 2..3) times each 8-token tile's activations.
+template <int NT>
+__device__ __forceinline__ void mma_tiles(float (&acc)[NT][4], uint32_t a0, uint32_t a1,
+                                          uint32_t a2, uint32_t a3, const uint4 (&x)[NT][2],
+                                          int q) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const uint4& xb = x[nt][q >> 1];
+    const uint32_t b0 = (q & 1) ? xb.z : xb.x;
+    const uint32_t b1 = (q & 1) ? xb.w : xb.y;
+    mma_bf16(acc[nt], a0, a1, a2, a3, b0, b1);
+  }
+}
+
+// The K loop of both kernels: each warp walks its K steps with the weights D steps ahead in a
+// register ring (slot = step % D) and the activations one step ahead (slot = step % 2).
+// load_x(i, slot) / load_w(i, slot) fill a slot for K step i; step(slot) multiplies one step.
+// Unrolled by D so every slot index is a compile-time constant (the rings stay in registers).
+template <int D, class LoadX, class Step, class LoadW>
+__device__ __forceinline__ void ring_k_loop(int64_t nsteps, LoadX&& load_x, Step&& step,
+                                            LoadW&& load_w) {
+  int64_t i0 = 0;
+  for (; i0 + D <= nsteps; i0 += D) {
+#pragma unroll
+    for (int u = 0; u < D; ++u) {
+      const int64_t i = i0 + u;
+      if (i + 1 < nsteps) load_x(i + 1, (u + 1) & 1);
+      step(u);
+      if (i + D < nsteps) load_w(i + D, u);
+    }
+  }
+  // The last nsteps % D steps (already loaded into ring slots 0 .. nsteps % D - 1).
+#pragma unroll
+  for (int u = 0; u < D - 1; ++u) {
+    const int64_t i = i0 + u;
+    if (i < nsteps) {
+      if (i + 1 < nsteps) load_x(i + 1, (u + 1) & 1);
+      step(u);
+    }
+  }
+}
+
+// Host: one launch of a weight-only kernel instantiated for RS 16-row strips x NT 8-token tiles
+// per CTA (grid: N / (16 RS) x ceil(M / (8 NT)), 8 warps, static shared memory only).
+template <int RS, int NT>
+cudaError_t launch_tile(const WoArgs& a, cudaStream_t stream, void (*kernel)(WoParams)) {
+  const WoParams p = make_params(a);
+  const dim3 grid(static_cast<unsigned>(a.n / (16 * RS)),
+                  static_cast<unsigned>((a.m + NT * 8 - 1) / (NT * 8)));
+  kernel<<<grid, kWarps * 32, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+// Host: the CTA shapes the kernels are built for (rows 16/32/64 x tokens 8/16); calls
+// launch(RS, NT) with them as std::integral_constant (RS = rows / 16, NT = tokens / 8).
+template <class F>
+cudaError_t dispatch_tile_shape(int rows, int tokens, F&& launch) {
+  using One = std::integral_constant<int, 1>;
+  using Two = std::integral_constant<int, 2>;
+  using Four = std::integral_constant<int, 4>;
+  switch (rows * 10 + tokens / 8) {
+    case 161: return launch(One{}, One{});
+    case 162: return launch(One{}, Two{});
+    case 321: return launch(Two{}, One{});
+    case 322: return launch(Two{}, Two{});
+    case 641: return launch(Four{}, One{});
+    case 642: return launch(Four{}, Two{});
+    default: return cudaErrorInvalidValue;
   }
 }
 
