@@ -302,18 +302,18 @@ def _prepare_impl(data, scales, fmt: str, n: int, k: int):
   return packed, cc
 
 
+def _fp6_slot(grp: int, e: int) -> tuple:
+  """(h, q, kk) of element e = 2 v + half of 3-word group G: A register i = v % 4 of MMA
+  q = 2 G + v // 4, row h = i % 2, kk = 2 (i // 2) + half."""
+  v, half = divmod(e, 2)
+  i = v % 4
+  return i % 2, 2 * grp + v // 4, 2 * (i // 2) + half
+
+
 def _fp6_elements(c7):
-  """(..., h, q, kk) -> (..., G, e) codes: element e = 2 v + half of group G is A register
-  i = v % 4 of MMA q = 2 G + v // 4 (row h = i % 2, kk = 2 (i // 2) + half)."""
-  groups = []
-  for grp in range(2):
-    elems = []
-    for e in range(16):
-      v, half = divmod(e, 2)
-      i = v % 4
-      elems.append(c7[..., i % 2, 2 * grp + v // 4, 2 * (i // 2) + half])
-    groups.append(jnp.stack(elems, axis=-1))
-  return jnp.stack(groups, axis=-2)
+  """(..., h, q, kk) -> (..., G, e) codes (:func:`_fp6_slot`)."""
+  return jnp.stack([jnp.stack([c7[(...,) + _fp6_slot(grp, e)] for e in range(16)], axis=-1)
+                    for grp in range(2)], axis=-2)
 
 
 def _pack_fp6(codes, fmt: str, s_: int, ks: int):
@@ -349,9 +349,7 @@ def _unpack_fp6(packed, fmt: str, n: int):
   c7 = jnp.zeros(el.shape[:4] + (2, 4, 4), jnp.uint32)                         # (s, j, g, t, h, q, kk)
   for grp in range(2):
     for e in range(16):
-      v, half = divmod(e, 2)
-      i = v % 4
-      c7 = c7.at[..., i % 2, 2 * grp + v // 4, 2 * (i // 2) + half].set(el[..., grp, e])
+      c7 = c7.at[(...,) + _fp6_slot(grp, e)].set(el[..., grp, e])
   return c7.transpose(0, 4, 2, 1, 3, 5, 6).reshape(n, ks * TILE_K)           # (s, h, g, j, t, q, kk)
 
 
@@ -408,6 +406,12 @@ def weightonly_reference(x, x_scale, packed, scales, global_scale, bias, *, fmt,
   w = jnp.pad(w, ((0, 0), (0, kp - k)))
   acc = jax.lax.dot_general(x.astype(jnp.float32), w, (((1,), (1,)), ((), ())),
                             precision=jax.lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
+  return _epilogue(acc, x_scale, bias, out_dtype=out_dtype, has_x_scale=has_x_scale,
+                   has_bias=has_bias)
+
+
+def _epilogue(acc, x_scale, bias, *, out_dtype, has_x_scale: bool, has_bias: bool):
+  """float32 (M, N) accumulator -> out: per-token scales, bias (both in float32), cast."""
   if has_x_scale:
     acc = acc * x_scale.astype(jnp.float32).reshape(-1, 1)
   if has_bias:
@@ -470,14 +474,10 @@ def _dequant_gemm(x2, xs, w: PackedWeight, b, *, out_dtype, has_x_scale: bool, h
   scales and bias in float32. Same exact operands as the kernel; only the float32 summation
   order differs."""
   wb = _dequant_impl(w.packed, w.scales, jnp.ones((1,), jnp.float32), w.format, w.n, w.k)
-  acc = jax.lax.dot_general(x2[:, :w.k], wb.astype(jnp.bfloat16), (((1,), (1,)), ((), ())),
+  acc = jax.lax.dot_general(x2, wb.astype(jnp.bfloat16), (((1,), (1,)), ((), ())),
                             preferred_element_type=jnp.float32)
-  acc = acc * w.global_scale.reshape(())
-  if has_x_scale:
-    acc = acc * xs.reshape(-1, 1)
-  if has_bias:
-    acc = acc + b.astype(jnp.float32).reshape(1, -1)
-  return acc.astype(out_dtype)
+  return _epilogue(acc * w.global_scale.reshape(()), xs, b, out_dtype=out_dtype,
+                   has_x_scale=has_x_scale, has_bias=has_bias)
 
 
 def weightonly_gemm(x, w: PackedWeight, *, x_scale=None, bias=None, out_dtype=None,
@@ -536,9 +536,6 @@ def weightonly_gemm(x, w: PackedWeight, *, x_scale=None, bias=None, out_dtype=No
   x2 = x.reshape(m, w.k)
   if xdt != shapes.BF16:
     x2 = x2.astype(jnp.bfloat16)  # exact for e4m3 / e5m2
-  kp = w.padded_k
-  if kp != w.k:
-    x2 = jnp.pad(x2, ((0, 0), (0, kp - w.k)))
   if x_scale is not None:
     xs = jnp.asarray(x_scale, jnp.float32).reshape(-1)
     if xs.size == 1:
@@ -559,6 +556,8 @@ def weightonly_gemm(x, w: PackedWeight, *, x_scale=None, bias=None, out_dtype=No
     out = _dequant_gemm(x2, xs, w, b, out_dtype=out_dtype, has_x_scale=x_scale is not None,
                         has_bias=bias is not None)
     return out.reshape(*lead, w.n)
+  if w.padded_k != w.k:  # the kernel reads whole 64-K tiles (zero weights past K)
+    x2 = jnp.pad(x2, ((0, 0), (0, w.padded_k - w.k)))
   out = weightonly_gemm_p.bind(x2, xs, w.packed, w.scales, w.global_scale, b, fmt=w.format, n=w.n,
                                k=w.k, out_dtype=out_dtype, has_x_scale=x_scale is not None,
                                has_bias=bias is not None, rows=int(rows), tokens=int(tokens))
