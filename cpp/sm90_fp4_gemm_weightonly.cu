@@ -22,7 +22,12 @@
 //    64-K steps, so the CTA streams contiguous 4 KB runs), each prefetches its next step into
 //    registers, and a shared-memory reduction ends in a direct epilogue (alpha, bias, cast):
 //    no workspace, no second kernel, nothing but the launch -- CUDA-graph safe.
+//
+// Also here: the FP4 unpack kernels of the prefill path (weightonly_unpack_run, the dispatcher
+// of all formats): the same per-lane decode (lane_scales + fp4_slice), written out as a plain
+// row-major bf16 or e4m3 matrix by wo_unpack_kernel (weightonly_common.cuh).
 #include <cstdint>
+#include <cstddef>
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -63,6 +68,28 @@ __device__ __forceinline__ uint32_t scale_pair(uint32_t sc, uint32_t sel) {
     return c * 128u + 0x3A003A00u;  // E8M0 u -> bf16 exponent u + 116
 }
 
+// Byte offset in a tile's scale codes of lane (g, t)'s two codes (rows g, g + 8; its K block).
+template <WoScale S>
+__device__ __forceinline__ int scale_offset(int g, int t) {
+  return (S == WoScale::kNv16 ? 8 * t + g : 8 * (t >> 1) + g) * 2;
+}
+
+// The lane's row multipliers (F of row g, F of row g + 8) from its 16-bit scale word.
+template <WoScale S>
+__device__ __forceinline__ void lane_scales(uint32_t sc, uint32_t& f_lo, uint32_t& f_hi) {
+  f_lo = scale_pair<S>(sc, 0x4040u);  // row g
+  f_hi = scale_pair<S>(sc, 0x4141u);  // row g + 8
+}
+
+// k16 slice q of the lane's tile from its word q: the scaled A registers a0..a3.
+__device__ __forceinline__ void fp4_slice(uint32_t w, uint32_t f_lo, uint32_t f_hi,
+                                          uint32_t (&a)[4]) {
+  a[0] = mul_bf16x2(e2m1_pair0(w), f_lo);  // row g,     k 4q + 0, 1
+  a[1] = mul_bf16x2(e2m1_pair1(w), f_hi);  // row g + 8, k 4q + 0, 1
+  a[2] = mul_bf16x2(e2m1_pair2(w), f_lo);  // row g,     k 4q + 2, 3
+  a[3] = mul_bf16x2(e2m1_pair3(w), f_hi);  // row g + 8, k 4q + 2, 3
+}
+
 template <int RS, int NT, WoScale S, typename OutT, int D>
 __global__ void __launch_bounds__(kWarps * 32) wo_gemm_kernel(const WoParams p) {
   static_assert(D % 2 == 0, "the activation double buffer is indexed by step parity");
@@ -74,7 +101,7 @@ __global__ void __launch_bounds__(kWarps * 32) wo_gemm_kernel(const WoParams p) 
   const int64_t ksteps = p.k / 64;
   const int64_t strip0 = static_cast<int64_t>(blockIdx.x) * RS;
   const int64_t tok0 = static_cast<int64_t>(blockIdx.y) * kCols;
-  const int sc_off = (S == WoScale::kNv16 ? 8 * t + g : 8 * (t >> 1) + g) * 2;
+  const int sc_off = scale_offset<S>(g, t);
   const uint8_t* wbase = p.w + strip0 * ksteps * kTileBytes + lane * 16;
   const uint8_t* sbase = p.s + strip0 * ksteps * kScaleBytes + sc_off;
 
@@ -106,17 +133,14 @@ __global__ void __launch_bounds__(kWarps * 32) wo_gemm_kernel(const WoParams p) 
   auto step = [&](int u) {
 #pragma unroll
     for (int r = 0; r < RS; ++r) {
-      const uint32_t f_lo = scale_pair<S>(sr[u][r], 0x4040u);  // row g
-      const uint32_t f_hi = scale_pair<S>(sr[u][r], 0x4141u);  // row g + 8
+      uint32_t f_lo, f_hi;
+      lane_scales<S>(sr[u][r], f_lo, f_hi);
       const uint32_t words[4] = {wr[u][r].x, wr[u][r].y, wr[u][r].z, wr[u][r].w};
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        const uint32_t w = words[q];
-        const uint32_t a0 = mul_bf16x2(e2m1_pair0(w), f_lo);  // row g,     k 4q + 0, 1
-        const uint32_t a1 = mul_bf16x2(e2m1_pair1(w), f_hi);  // row g + 8, k 4q + 0, 1
-        const uint32_t a2 = mul_bf16x2(e2m1_pair2(w), f_lo);  // row g,     k 4q + 2, 3
-        const uint32_t a3 = mul_bf16x2(e2m1_pair3(w), f_hi);  // row g + 8, k 4q + 2, 3
-        mma_tiles(acc[r], a0, a1, a2, a3, xr[u & 1], q);
+        uint32_t a[4];
+        fp4_slice(words[q], f_lo, f_hi, a);
+        mma_tiles(acc[r], a[0], a[1], a[2], a[3], xr[u & 1], q);
       }
     }
   };
@@ -127,6 +151,32 @@ __global__ void __launch_bounds__(kWarps * 32) wo_gemm_kernel(const WoParams p) 
 
   reduce_store<RS, NT, OutT>(p, acc, strip0, tok0);
 }
+
+// The unpack kernel's view of an FP4 tile (see wo_unpack_kernel in weightonly_common.cuh).
+template <WoScale S>
+struct Fp4Tile {
+  struct Regs {
+    uint4 w;
+    uint32_t s;
+  };
+  static __device__ __forceinline__ Regs load(const UnpackParams& p, uint32_t tile, int lane) {
+    constexpr int kScaleBytes = S == WoScale::kNv16 ? 64 : 32;
+    Regs r;
+    r.w = ld_stream(p.w + static_cast<size_t>(tile) * kTileBytes + lane * 16);
+    r.s = ld_u16(p.s + static_cast<size_t>(tile) * kScaleBytes + scale_offset<S>(lane >> 2, lane & 3));
+    return r;
+  }
+  static __device__ __forceinline__ void scales(const Regs& r, uint32_t& f_lo, uint32_t& f_hi) {
+    lane_scales<S>(r.s, f_lo, f_hi);
+  }
+  static __device__ __forceinline__ void slices(const Regs& r, uint32_t f_lo, uint32_t f_hi,
+                                                uint32_t (&a)[4][4]) {
+    fp4_slice(r.w.x, f_lo, f_hi, a[0]);
+    fp4_slice(r.w.y, f_lo, f_hi, a[1]);
+    fp4_slice(r.w.z, f_lo, f_hi, a[2]);
+    fp4_slice(r.w.w, f_lo, f_hi, a[3]);
+  }
+};
 
 #ifndef JAX_GMMA_WO_DEPTH
 #define JAX_GMMA_WO_DEPTH 4  // weight prefetch depth (K steps of 64 in flight per warp)
@@ -188,6 +238,35 @@ cudaError_t weightonly_run(const WoArgs& a, cudaStream_t stream) {
                       : dispatch_tile<WoScale::kNv16, __nv_bfloat16>(a, rows, tokens, stream);
   return a.d_is_f32 ? dispatch_tile<WoScale::kMx32, float>(a, rows, tokens, stream)
                     : dispatch_tile<WoScale::kMx32, __nv_bfloat16>(a, rows, tokens, stream);
+}
+
+const char* weightonly_unpack_check(const WoUnpackArgs& a) {
+  if (a.n < 1 || a.k < 1) return "N and K must be positive";
+  if (a.n % 16 != 0) return "N must be a multiple of 16";
+  if (a.k % 64 != 0) return "K must be a multiple of 64 (the padded K)";
+  if (a.n / 16 * (a.k / 64) > INT32_MAX) return "weight too large";
+  if (!a.w_packed || !a.w_scales || !a.out) return "null operand";
+  if (a.out_fp8 && !a.row_exp) return "row_exp is required for float8 output";
+  if (reinterpret_cast<uintptr_t>(a.w_packed) % 16 != 0 || reinterpret_cast<uintptr_t>(a.out) % 16 != 0)
+    return "w_packed and out must be 16-byte aligned";
+  if (reinterpret_cast<uintptr_t>(a.w_scales) % 2 != 0 ||
+      reinterpret_cast<uintptr_t>(a.row_exp) % 4 != 0)
+    return "w_scales must be 2-byte and row_exp 4-byte aligned";
+  if (a.scale != WoScale::kNv16 && a.scale != WoScale::kMx32 && a.scale != WoScale::kMx6E2M3 &&
+      a.scale != WoScale::kMx6E3M2)
+    return "unknown weight format (scale_kind)";
+  return nullptr;
+}
+
+cudaError_t weightonly_unpack_run(const WoUnpackArgs& a, cudaStream_t stream) {
+  if (weightonly_unpack_check(a)) return cudaErrorInvalidValue;
+  switch (a.scale) {
+    case WoScale::kNv16: return launch_unpack<Fp4Tile<WoScale::kNv16>>(a, stream);
+    case WoScale::kMx32: return launch_unpack<Fp4Tile<WoScale::kMx32>>(a, stream);
+    case WoScale::kMx6E2M3:
+    case WoScale::kMx6E3M2: return weightonly_fp6_unpack_run(a, stream);
+  }
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace jax_gmma

@@ -16,6 +16,10 @@
 //    prepared layout (jax_gmma.weightonly.FP6_PIECES, mirrored by Fp6Pieces below) is chosen so
 //    that few logic instructions are needed: e2m3 16 LOP3 + 5 SHF per 16 weights, e3m2 12 LOP3
 //    + 4 SHF; the left shifts are IMAD.SHL on the FMA pipe (the FP4 kernel is ALU-bound).
+//
+// Also here: the FP6 unpack kernels of the prefill path (weightonly_fp6_unpack_run, called by
+// weightonly_unpack_run): the same per-lane decode (lane_scales + fp6_group + fp6_slice), written
+// out as a plain row-major bf16 or e4m3 matrix by wo_unpack_kernel (weightonly_common.cuh).
 #include <cstdint>
 
 #include <cuda_bf16.h>
@@ -114,6 +118,36 @@ __device__ __forceinline__ uint32_t scale_pair(uint32_t sc, uint32_t sel) {
   return prmt(sc, 0u, sel) * 128u + kAdd;  // E8M0 u -> bf16 exponent u + bias
 }
 
+// The lane's row multipliers (F of row g, F of row g + 8) from its 16-bit scale word.
+template <WoScale S>
+__device__ __forceinline__ void lane_scales(uint32_t sc, uint32_t& f_lo, uint32_t& f_hi) {
+  f_lo = scale_pair<S>(sc, 0x4040u);  // row g
+  f_hi = scale_pair<S>(sc, 0x4141u);  // row g + 8
+}
+
+// The lane's two three-word groups: words 0..2 (the 16-byte load's x, y, z) and 3..5 (its w,
+// then the 8-byte load).
+__device__ __forceinline__ void fp6_words(const uint4& w, const uint2& w2, uint32_t (&w0)[3],
+                                          uint32_t (&w1)[3]) {
+  w0[0] = w.x;
+  w0[1] = w.y;
+  w0[2] = w.z;
+  w1[0] = w.w;
+  w1[1] = w2.x;
+  w1[2] = w2.y;
+}
+
+// k16 slice q = 2 grp + m of the lane's tile from the raw pairs `raw` of group grp
+// (fp6_group): the scaled A registers a0..a3 (rows g, g + 8, g, g + 8; k 4q + 0..1 / 2..3).
+__device__ __forceinline__ void fp6_slice(const uint32_t (&raw)[8], int m, uint32_t f_lo,
+                                          uint32_t f_hi, uint32_t (&a)[4]) {
+  a[0] = raw[4 * m + 0];
+  a[1] = raw[4 * m + 1];
+  a[2] = raw[4 * m + 2];
+  a[3] = raw[4 * m + 3];
+  scale_slice(a, f_lo, f_hi);
+}
+
 template <int RS, int NT, WoScale S, typename OutT, int D>
 __global__ void __launch_bounds__(kWarps * 32) wo6_gemm_kernel(const WoParams p) {
   static_assert(D % 2 == 0, "the activation double buffer is indexed by step parity");
@@ -156,22 +190,19 @@ __global__ void __launch_bounds__(kWarps * 32) wo6_gemm_kernel(const WoParams p)
   auto step = [&](int u) {
 #pragma unroll
     for (int r = 0; r < RS; ++r) {
-      const uint32_t f_lo = scale_pair<S>(sr[u][r], 0x4040u);  // row g
-      const uint32_t f_hi = scale_pair<S>(sr[u][r], 0x4141u);  // row g + 8
-      const uint32_t w0[3] = {wr[u][r].x, wr[u][r].y, wr[u][r].z};
-      const uint32_t w1[3] = {wr[u][r].w, wr2[u][r].x, wr2[u][r].y};
+      uint32_t f_lo, f_hi;
+      lane_scales<S>(sr[u][r], f_lo, f_hi);
+      uint32_t w0[3], w1[3];
+      fp6_words(wr[u][r], wr2[u][r], w0, w1);
 #pragma unroll
       for (int grp = 0; grp < 2; ++grp) {
-        uint32_t a[8];
-        fp6_group<S>(grp ? w1 : w0, a);
+        uint32_t raw[8];
+        fp6_group<S>(grp ? w1 : w0, raw);
 #pragma unroll
         for (int m = 0; m < 2; ++m) {
-          const int q = 2 * grp + m;
-          const uint32_t a0 = mul_bf16x2(a[4 * m + 0], f_lo);  // row g,     k 4q + 0, 1
-          const uint32_t a1 = mul_bf16x2(a[4 * m + 1], f_hi);  // row g + 8, k 4q + 0, 1
-          const uint32_t a2 = mul_bf16x2(a[4 * m + 2], f_lo);  // row g,     k 4q + 2, 3
-          const uint32_t a3 = mul_bf16x2(a[4 * m + 3], f_hi);  // row g + 8, k 4q + 2, 3
-          mma_tiles(acc[r], a0, a1, a2, a3, xr[u & 1], q);
+          uint32_t a[4];
+          fp6_slice(raw, m, f_lo, f_hi, a);
+          mma_tiles(acc[r], a[0], a[1], a[2], a[3], xr[u & 1], 2 * grp + m);
         }
       }
     }
@@ -181,6 +212,39 @@ __global__ void __launch_bounds__(kWarps * 32) wo6_gemm_kernel(const WoParams p)
       [&](int64_t i, int slot) { load_w(i, wr[slot], wr2[slot], sr[slot]); });
   reduce_store<RS, NT, OutT>(p, acc, strip0, tok0);
 }
+
+// The unpack kernel's view of an FP6 tile (see wo_unpack_kernel in weightonly_common.cuh).
+template <WoScale S>
+struct Fp6Tile {
+  struct Regs {
+    uint4 w;
+    uint2 w2;
+    uint32_t s;
+  };
+  static __device__ __forceinline__ Regs load(const UnpackParams& p, uint32_t tile, int lane) {
+    const uint8_t* w = p.w + static_cast<size_t>(tile) * kTileBytes;
+    Regs r;
+    r.w = ld_stream(w + lane * 16);
+    r.w2 = ld_stream8(w + 512 + lane * 8);
+    r.s = ld_u16(p.s + static_cast<size_t>(tile) * kScaleBytes + (8 * ((lane & 3) >> 1) + (lane >> 2)) * 2);
+    return r;
+  }
+  static __device__ __forceinline__ void scales(const Regs& r, uint32_t& f_lo, uint32_t& f_hi) {
+    lane_scales<S>(r.s, f_lo, f_hi);
+  }
+  static __device__ __forceinline__ void slices(const Regs& r, uint32_t f_lo, uint32_t f_hi,
+                                                uint32_t (&a)[4][4]) {
+    uint32_t w0[3], w1[3];
+    fp6_words(r.w, r.w2, w0, w1);
+#pragma unroll
+    for (int grp = 0; grp < 2; ++grp) {
+      uint32_t raw[8];
+      fp6_group<S>(grp ? w1 : w0, raw);
+      fp6_slice(raw, 0, f_lo, f_hi, a[2 * grp]);
+      fp6_slice(raw, 1, f_lo, f_hi, a[2 * grp + 1]);
+    }
+  }
+};
 
 #ifndef JAX_GMMA_WO6_DEPTH
 #define JAX_GMMA_WO6_DEPTH 4  // weight prefetch depth (K steps of 64 in flight per warp)
@@ -202,6 +266,12 @@ cudaError_t dispatch_out(const WoArgs& a, int rows, int tokens, cudaStream_t str
 
 }  // namespace fp6
 }  // namespace
+
+cudaError_t weightonly_fp6_unpack_run(const WoUnpackArgs& a, cudaStream_t stream) {
+  if (a.scale == WoScale::kMx6E2M3) return wo_detail::launch_unpack<fp6::Fp6Tile<WoScale::kMx6E2M3>>(a, stream);
+  if (a.scale == WoScale::kMx6E3M2) return wo_detail::launch_unpack<fp6::Fp6Tile<WoScale::kMx6E3M2>>(a, stream);
+  return cudaErrorInvalidValue;
+}
 
 cudaError_t weightonly_fp6_run(const WoArgs& a, int rows, int tokens, cudaStream_t stream) {
   if (a.scale == WoScale::kMx6E2M3) return fp6::dispatch_out<WoScale::kMx6E2M3>(a, rows, tokens, stream);

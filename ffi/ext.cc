@@ -23,6 +23,7 @@ extern "C" void* jax_gmma_fp8_gemm_handler();
 extern "C" void* jax_gmma_fp8_blockwise_gemm_handler();
 extern "C" void* jax_gmma_mx_gemm_handler();
 extern "C" void* jax_gmma_weightonly_gemm_handler();
+extern "C" void* jax_gmma_weightonly_unpack_handler();
 extern "C" void* jax_gmma_fp8_quantize_handler();
 extern "C" void jax_gmma_capture_stats(uint64_t* captured, uint64_t* eager);
 extern "C" void jax_gmma_host_stats(uint64_t* calls, uint64_t* ns);
@@ -73,6 +74,7 @@ NB_MODULE(_gmma_ext, m) {
     d["jax_gmma_fp8_blockwise_gemm"] = nb::capsule(jax_gmma_fp8_blockwise_gemm_handler());
     d["jax_gmma_mx_gemm"] = nb::capsule(jax_gmma_mx_gemm_handler());
     d["jax_gmma_weightonly_gemm"] = nb::capsule(jax_gmma_weightonly_gemm_handler());
+    d["jax_gmma_weightonly_unpack"] = nb::capsule(jax_gmma_weightonly_unpack_handler());
     d["jax_gmma_fp8_quantize"] = nb::capsule(jax_gmma_fp8_quantize_handler());
 #endif
     return d;

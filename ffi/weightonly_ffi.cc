@@ -1,5 +1,6 @@
-// XLA FFI handler of the sm90 FP4 / FP6 weight-only GEMM (cpp/sm90_fp4_gemm_weightonly.cu,
-// cpp/sm90_fp6_gemm_weightonly.cu).
+// XLA FFI handlers of the sm90 FP4 / FP6 weight-only GEMM (cpp/sm90_fp4_gemm_weightonly.cu,
+// cpp/sm90_fp6_gemm_weightonly.cu) and of the weight unpack kernel of the prefill path (same
+// files): jax_gmma_weightonly_gemm and jax_gmma_weightonly_unpack.
 //
 // Graph safety (same rules as ffi/gmma_ffi.cc): the stream comes from the platform context and
 // is only asked whether it is capturing; the execute path enqueues one kernel launch (static
@@ -78,12 +79,62 @@ ffi::Error WeightOnlyGemmImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuf
 #else
   if (const char* why = weightonly_check(a)) return bad(why);
 
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess)
-    return ffi::Error::Internal("cudaStreamIsCapturing failed");
-  jax_gmma_count_execution(capture == cudaStreamCaptureStatusActive);
+  if (!jax_gmma_note_execution(stream)) return ffi::Error::Internal("cudaStreamIsCapturing failed");
   if (cudaError_t err = weightonly_run(a, stream); err != cudaSuccess)
     return ffi::Error::Internal(std::string("jax_gmma: weight-only GEMM launch failed: ") +
+                                cudaGetErrorString(err));
+  return ffi::Error::Success();
+#endif
+}
+
+ffi::Error bad_unpack(std::string msg) {
+  return ffi::Error(ffi::ErrorCode::kInvalidArgument, "jax_gmma_weightonly_unpack: " + msg);
+}
+
+// Operands: w_packed u8, w_scales u8 (prepared layouts of an (N, Kp) weight), row_exp s32 (N,)
+// (float8 output only; any (1,) buffer otherwise). Result: out (N, Kp) bf16 (the exact weight)
+// or float8_e4m3fn (weight * 2^(127 - row_exp[r]), saturating; NaN for poisoned blocks).
+ffi::Error WeightOnlyUnpackImpl(cudaStream_t stream, ffi::AnyBuffer w_packed,
+                                ffi::AnyBuffer w_scales, ffi::AnyBuffer row_exp,
+                                ffi::Result<ffi::AnyBuffer> out, int32_t scale_kind) {
+  auto od = out->dimensions();
+  if (od.size() != 2) return bad_unpack("out must be 2-D (N, Kp)");
+  const int64_t n = od[0], k = od[1];
+  const bool fp8 = out->element_type() == ffi::DataType::F8E4M3FN;
+  if (!fp8 && out->element_type() != ffi::DataType::BF16)
+    return bad_unpack("out must be bfloat16 or float8_e4m3fn");
+  if (w_packed.element_type() != ffi::DataType::U8 || w_scales.element_type() != ffi::DataType::U8)
+    return bad_unpack("w_packed and w_scales must be uint8");
+  if (scale_kind < 0 || scale_kind > static_cast<int32_t>(WoScale::kMx6E3M2))
+    return bad_unpack("scale_kind must be 0 (nvfp4), 1 (mxfp4), 2 (mxfp6_e2m3) or 3 (mxfp6_e3m2)");
+  if (n < 1 || k < 1 || n % 16 != 0 || k % 64 != 0)
+    return bad_unpack("out must be (N, Kp) with N a multiple of 16 and Kp of 64");
+  const int64_t sb = weightonly_scale_bytes(static_cast<WoScale>(scale_kind));
+  const int64_t tb = weightonly_tile_bytes(static_cast<WoScale>(scale_kind));
+  if (static_cast<int64_t>(w_packed.size_bytes()) != n / 16 * (k / 64) * tb ||
+      static_cast<int64_t>(w_scales.size_bytes()) != n / 16 * (k / 64) * sb)
+    return bad_unpack("prepared weight sizes do not match (N, Kp)");
+  if (fp8 && (row_exp.element_type() != ffi::DataType::S32 ||
+              static_cast<int64_t>(row_exp.element_count()) != n))
+    return bad_unpack("row_exp must be int32 (N,) for float8 output");
+
+  WoUnpackArgs a;
+  a.n = n;
+  a.k = k;
+  a.scale = static_cast<WoScale>(scale_kind);
+  a.w_packed = w_packed.untyped_data();
+  a.w_scales = w_scales.untyped_data();
+  a.row_exp = fp8 ? static_cast<const int32_t*>(row_exp.untyped_data()) : nullptr;
+  a.out = out->untyped_data();
+  a.out_fp8 = fp8;
+#if !defined(JAX_GMMA_HAVE_SM90)
+  return bad_unpack("this build has no sm_90a kernels (JAX_GMMA_CUDA_ARCHS lacks 90a)");
+#else
+  if (const char* why = weightonly_unpack_check(a)) return bad_unpack(why);
+
+  if (!jax_gmma_note_execution(stream)) return ffi::Error::Internal("cudaStreamIsCapturing failed");
+  if (cudaError_t err = weightonly_unpack_run(a, stream); err != cudaSuccess)
+    return ffi::Error::Internal(std::string("jax_gmma: weight-only unpack launch failed: ") +
                                 cudaGetErrorString(err));
   return ffi::Error::Success();
 #endif
@@ -112,4 +163,18 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxGmmaWeightOnlyGemm, jax_gmma::WeightOnlyGemmImp
 
 extern "C" __attribute__((visibility("default"))) void* jax_gmma_weightonly_gemm_handler() {
   return reinterpret_cast<void*>(&JaxGmmaWeightOnlyGemm);
+}
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxGmmaWeightOnlyUnpack, jax_gmma::WeightOnlyUnpackImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()  // w_packed
+                                  .Arg<ffi::AnyBuffer>()  // w_scales
+                                  .Arg<ffi::AnyBuffer>()  // row_exp
+                                  .Ret<ffi::AnyBuffer>()  // out
+                                  .Attr<int32_t>("scale_kind"),
+                              JAX_GMMA_GRAPH_SAFE_TRAITS);
+
+extern "C" __attribute__((visibility("default"))) void* jax_gmma_weightonly_unpack_handler() {
+  return reinterpret_cast<void*>(&JaxGmmaWeightOnlyUnpack);
 }

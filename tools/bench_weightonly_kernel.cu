@@ -6,8 +6,14 @@
 //        -Icpp/include [-DJAX_GMMA_WO_DEPTH=4] tools/bench_weightonly_kernel.cu -o wo_bench
 //   ./wo_bench [iters] [format]   # format: nvfp4 (default), mxfp4, mxfp6_e2m3, mxfp6_e3m2, all
 //                                 # prints one line per (format, shape, M, CTA shape): us, GB/s
+//   ./wo_bench unpack [iters] [format]   # the prefill unpack kernel (weightonly_unpack_run):
+//       first checks bf16 and e4m3 outputs bit-exactly against a host decode of random prepared
+//       bytes (incl. poisoned blocks and extreme row exponents; exit code 1 on a mismatch),
+//       then times N x K = 8192 x 8192 and 28672 x 8192: us and GB/s of bytes read + written.
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <random>
 #include <vector>
 
 #include <cstring>
@@ -24,8 +30,319 @@
     }                                                                              \
   } while (0)
 
+namespace unpack_bench {
+using namespace jax_gmma;
+
+struct Fmt { const char* name; WoScale s; };
+
+// e4m3 code of x: round to nearest even, saturating to +-448 (cvt.rn.satfinite); x finite.
+uint8_t e4m3_rn_sat(double x) {
+  const uint8_t sign = std::signbit(x) ? 0x80 : 0;
+  double a = std::fabs(x);
+  if (a >= 448.0) return sign | 0x7E;
+  if (a < std::ldexp(1.0, -6)) {  // subnormal: multiples of 2^-9 (8 -> the min normal, code 8)
+    return sign | static_cast<uint8_t>(std::nearbyint(a * 512.0));
+  }
+  int e;
+  const double m = std::frexp(a, &e);  // a = m 2^e, m in [0.5, 1)
+  int E = e - 1;                       // a = (2m) 2^E, 2m in [1, 2)
+  int q = static_cast<int>(std::nearbyint((2.0 * m - 1.0) * 8.0));
+  if (q == 8) { q = 0; ++E; }
+  const int code = ((E + 7) << 3) | q;
+  return sign | static_cast<uint8_t>(code > 0x7E ? 0x7E : code);
+}
+
+uint16_t bf16_bits(double x) {  // x exactly representable (or Inf / NaN)
+  if (std::isnan(x)) return 0x7FC0;
+  float f = static_cast<float>(x);
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+double bf16_value(uint32_t bits) {
+  uint32_t u = (bits & 0xFFFFu) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// Value of a code: e2m1 (3-bit magnitude), e2m3 / e3m2 (5-bit magnitude).
+double code_value(WoScale s, uint32_t sign, uint32_t mag) {
+  double v;
+  if (s == WoScale::kNv16 || s == WoScale::kMx32) {
+    static const double t[8] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
+    v = t[mag];
+  } else if (s == WoScale::kMx6E2M3) {
+    const int E = mag >> 3, M = mag & 7;
+    v = E == 0 ? M / 8.0 : std::ldexp(1.0 + M / 8.0, E - 1);
+  } else {
+    const int E = mag >> 2, M = mag & 3;
+    v = E == 0 ? M / 16.0 : std::ldexp(1.0 + M / 4.0, E - 3);
+  }
+  return sign ? -v : v;
+}
+
+// Stream bit of bit b (5: sign) of FP6 code e = 2 v + half, from the kernel's piece table (the
+// C++ port of jax_gmma.weightonly.fp6_stream_bits).
+template <WoScale S>
+void fp6_stream_bits(int (&out)[16][6]) {
+  const int base = S == WoScale::kMx6E2M3 ? 4 : 5;
+  for (int v = 0; v < 8; ++v)
+    for (int half = 0; half < 2; ++half)
+      for (int b = 0; b < 6; ++b) {
+        const int p = 16 * half + (b == 5 ? 15 : base + b);
+        int hits = 0;
+        for (int i = 0; i < 3; ++i) {
+          const fp6::Piece pc = fp6::Fp6Pieces<S>::get(v, i);
+          if (!((pc.mask >> p) & 1u)) continue;
+          ++hits;
+          const int j = p - pc.shl + pc.r;
+          out[2 * v + half][b] = j < 32 ? 32 * pc.lo + j : 32 * pc.hi + j - 32;
+        }
+        if (hits != 1) { std::printf("bad FP6 piece table\n"); std::exit(1); }
+      }
+}
+
+// w[r * k + c] (double: exact value * scale; Inf / NaN for poisoned blocks) from prepared bytes.
+void host_decode(WoScale s, int64_t n, int64_t k, const std::vector<uint8_t>& pk,
+                 const std::vector<uint8_t>& sc, std::vector<double>& w) {
+  const int64_t ks = k / 64;
+  const int tb = (int)weightonly_tile_bytes(s), sb = (int)weightonly_scale_bytes(s);
+  const bool fp6 = s == WoScale::kMx6E2M3 || s == WoScale::kMx6E3M2;
+  int bits[16][6];
+  if (s == WoScale::kMx6E2M3) fp6_stream_bits<WoScale::kMx6E2M3>(bits);
+  if (s == WoScale::kMx6E3M2) fp6_stream_bits<WoScale::kMx6E3M2>(bits);
+  static const int fp4_bits[4][4] = {{15, 8, 7, 6}, {12, 5, 4, 3}, {9, 2, 1, 0}, {11, 14, 13, 10}};
+  w.assign(n * k, 0.0);
+  for (int64_t st = 0; st < n / 16; ++st)
+    for (int64_t j = 0; j < ks; ++j) {
+      const uint8_t* tile = pk.data() + (st * ks + j) * tb;
+      const uint8_t* tsc = sc.data() + (st * ks + j) * sb;
+      for (int lane = 0; lane < 32; ++lane) {
+        const int g = lane >> 2, t = lane & 3;
+        uint32_t words[6];
+        std::memcpy(words, tile + 16 * lane, 16);
+        if (fp6) std::memcpy(words + 4, tile + 512 + 8 * lane, 8);
+        // 16 elements per row half h: (q, i, half) -> k 16t + 4q + 2 (i / 2) + half, row g + 8 (i % 2)
+        for (int q = 0; q < 4; ++q)
+          for (int i = 0; i < 4; ++i)
+            for (int half = 0; half < 2; ++half) {
+              uint32_t sign, mag;
+              if (!fp6) {
+                const uint32_t wd = words[q];
+                const int* bb = fp4_bits[i];
+                sign = (wd >> (bb[0] + 16 * half)) & 1;
+                mag = (((wd >> (bb[1] + 16 * half)) & 1) << 2) | (((wd >> (bb[2] + 16 * half)) & 1) << 1) |
+                      ((wd >> (bb[3] + 16 * half)) & 1);
+              } else {
+                const int G = q >> 1, v = 4 * (q & 1) + i, e = 2 * v + half;
+                uint32_t code = 0;
+                for (int b = 0; b < 6; ++b) {
+                  const int sbit = bits[e][b];
+                  code |= ((words[3 * G + sbit / 32] >> (sbit % 32)) & 1u) << b;
+                }
+                sign = code >> 5;
+                mag = code & 31;
+              }
+              const int h = i & 1;
+              const int kk = 16 * t + 4 * q + 2 * (i >> 1) + half;
+              const int blk = s == WoScale::kNv16 ? kk / 16 : kk / 32;
+              const uint32_t c = tsc[2 * (8 * blk + g) + h];
+              uint32_t fbits;
+              if (s == WoScale::kNv16) fbits = 16 * c + 0x7000;
+              else fbits = 128 * (c + (s == WoScale::kMx6E3M2 ? 114 : 116));
+              const double F = bf16_value(fbits & 0xFFFF);
+              const double scale_bias = s == WoScale::kMx6E3M2 ? 114 : 116;  // F = scale 2^bias
+              const double v = code_value(s, sign, mag);
+              const double val = v * F * std::ldexp(1.0, -(int)scale_bias);
+              w[(16 * st + g + 8 * h) * k + 64 * j + kk] = val;
+            }
+      }
+    }
+}
+
+// Random prepared bytes: any code bytes; scale codes mostly near 1 (plus the whole exact
+// range, plus ~1% poisoned blocks).
+void fill_random(WoScale s, std::mt19937& rng, std::vector<uint8_t>& pk, std::vector<uint8_t>& sc) {
+  for (auto& b : pk) b = static_cast<uint8_t>(rng());
+  int lo_n, hi_n, lo_w, hi_w, poison0, poison1;
+  if (s == WoScale::kNv16) { lo_n = 0x98 - 24; hi_n = 0x98 + 24; lo_w = 0; hi_w = 247; poison0 = 255; poison1 = 248; }
+  else if (s == WoScale::kMx6E3M2) { lo_n = 120; hi_n = 134; lo_w = 8; hi_w = 140; poison0 = poison1 = 141; }
+  else { lo_n = 120; hi_n = 134; lo_w = s == WoScale::kMx32 ? 12 : 7; hi_w = 138; poison0 = poison1 = 139; }
+  for (auto& b : sc) {
+    const uint32_t r = rng() % 1000;
+    if (r < 5) b = static_cast<uint8_t>(poison0);
+    else if (r < 10) b = static_cast<uint8_t>(poison1);
+    else if (r < 100) b = static_cast<uint8_t>(lo_w + rng() % (hi_w - lo_w + 1));
+    else b = static_cast<uint8_t>(lo_n + rng() % (hi_n - lo_n + 1));
+  }
+}
+
+// Bit-exact check of both outputs for one shape; returns the number of mismatches.
+int64_t verify(const Fmt& f, int64_t n, int64_t k, uint32_t seed) {
+  std::mt19937 rng(seed);
+  const int64_t tiles = n / 16 * (k / 64);
+  std::vector<uint8_t> pk(tiles * weightonly_tile_bytes(f.s)), sc(tiles * weightonly_scale_bytes(f.s));
+  fill_random(f.s, rng, pk, sc);
+  std::vector<int32_t> rexp(n);
+  for (int64_t r = 0; r < n; ++r) rexp[r] = 118 + (int32_t)(rng() % 20);
+  const int32_t extremes[] = {0, 255, -1000, 1000, 1, 254, 137, 100};
+  for (int i = 0; i < 8 && i < n; ++i) rexp[(i * 7919) % n] = extremes[i];
+  std::vector<double> w;
+  host_decode(f.s, n, k, pk, sc, w);
+
+  void *dpk, *dsc, *dexp, *dout;
+  CHECK(cudaMalloc(&dpk, pk.size()));
+  CHECK(cudaMalloc(&dsc, sc.size()));
+  CHECK(cudaMalloc(&dexp, 4 * n));
+  CHECK(cudaMalloc(&dout, 2 * n * k));
+  CHECK(cudaMemcpy(dpk, pk.data(), pk.size(), cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(dsc, sc.data(), sc.size(), cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(dexp, rexp.data(), 4 * n, cudaMemcpyHostToDevice));
+  WoUnpackArgs a;
+  a.n = n; a.k = k; a.scale = f.s; a.w_packed = dpk; a.w_scales = dsc; a.out = dout;
+  if (const char* why = weightonly_unpack_check(a)) { std::printf("check: %s\n", why); std::exit(1); }
+  int64_t bad = 0;
+  // bf16
+  CHECK(cudaMemset(dout, 0xAB, 2 * n * k));
+  CHECK(weightonly_unpack_run(a, 0));
+  CHECK(cudaDeviceSynchronize());
+  std::vector<uint16_t> ob(n * k);
+  CHECK(cudaMemcpy(ob.data(), dout, 2 * n * k, cudaMemcpyDeviceToHost));
+  int64_t nan_ref = 0, inf_ref = 0;
+  for (int64_t i = 0; i < n * k; ++i) {
+    const double x = w[i];
+    bool ok;
+    if (std::isnan(x)) { ++nan_ref; ok = (ob[i] & 0x7F80) == 0x7F80 && (ob[i] & 0x7F); }
+    else { if (std::isinf(x)) ++inf_ref; ok = ob[i] == bf16_bits(x); }
+    if (!ok && bad++ < 5)
+      std::printf("  bf16 mismatch r=%lld k=%lld: got 0x%04x want %.9g (0x%04x)\n", (long long)(i / k),
+                  (long long)(i % k), ob[i], x, bf16_bits(x));
+  }
+  // fp8
+  a.out_fp8 = true;
+  a.row_exp = static_cast<const int32_t*>(dexp);
+  CHECK(cudaMemset(dout, 0xAB, n * k));
+  CHECK(weightonly_unpack_run(a, 0));
+  CHECK(cudaDeviceSynchronize());
+  std::vector<uint8_t> o8(n * k);
+  CHECK(cudaMemcpy(o8.data(), dout, n * k, cudaMemcpyDeviceToHost));
+  int64_t bad8 = 0, sat = 0, zero = 0;
+  for (int64_t i = 0; i < n * k; ++i) {
+    const double x = w[i];
+    const int64_t r = i / k;
+    uint8_t want;
+    if (!std::isfinite(x)) want = 0x7F;
+    else {
+      const int32_t e = rexp[r];
+      const int32_t c = 127 - (e < -2000 ? -2000 : (e > 2000 ? 2000 : e));
+      want = e4m3_rn_sat(std::ldexp(x, c));
+      if ((want & 0x7F) == 0x7E) ++sat;
+      if ((want & 0x7F) == 0) ++zero;
+    }
+    if (o8[i] != want && bad8++ < 5)
+      std::printf("  fp8 mismatch r=%lld k=%lld (row_exp %d): got 0x%02x want 0x%02x (w = %.9g)\n",
+                  (long long)r, (long long)(i % k), rexp[r], o8[i], want, x);
+  }
+  std::printf("verify %-10s N=%6lld K=%6lld: bf16 %s (%lld bad), e4m3 %s (%lld bad)  "
+              "[ref: %lld NaN, %lld Inf, e4m3 %lld saturated, %lld zero]\n",
+              f.name, (long long)n, (long long)k, bad ? "FAIL" : "ok", (long long)bad,
+              bad8 ? "FAIL" : "ok", (long long)bad8, (long long)nan_ref, (long long)inf_ref,
+              (long long)sat, (long long)zero);
+  CHECK(cudaFree(dpk));
+  CHECK(cudaFree(dsc));
+  CHECK(cudaFree(dexp));
+  CHECK(cudaFree(dout));
+  return bad + bad8;
+}
+
+void time_shape(const Fmt& f, int64_t n, int64_t k, int iters) {
+  const int64_t wbytes = n * k / 1024 * weightonly_tile_bytes(f.s);
+  const int64_t sbytes = n * k / 1024 * weightonly_scale_bytes(f.s);
+  const int copies = (int)((256LL << 20) / (wbytes + sbytes)) + 2;
+  std::vector<void*> w(copies), s(copies);
+  for (int c = 0; c < copies; ++c) {
+    CHECK(cudaMalloc(&w[c], wbytes));
+    CHECK(cudaMalloc(&s[c], sbytes));
+    CHECK(cudaMemset(w[c], 0x35, wbytes));
+    CHECK(cudaMemset(s[c], f.s == WoScale::kNv16 ? 0x98 : 127, sbytes));
+  }
+  void *out, *rexp;
+  CHECK(cudaMalloc(&out, 2 * n * k));
+  CHECK(cudaMalloc(&rexp, 4 * n));
+  {
+    const std::vector<int32_t> e127(n, 127);
+    CHECK(cudaMemcpy(rexp, e127.data(), 4 * n, cudaMemcpyHostToDevice));
+  }
+  for (int fp8 = 0; fp8 < 2; ++fp8) {
+    WoUnpackArgs a;
+    a.n = n; a.k = k; a.scale = f.s; a.out = out; a.out_fp8 = fp8;
+    a.row_exp = static_cast<const int32_t*>(rexp);
+    a.w_packed = w[0]; a.w_scales = s[0];
+    if (const char* why = weightonly_unpack_check(a)) { std::printf("check: %s\n", why); std::exit(1); }
+    for (int i = 0; i < copies; ++i) {
+      a.w_packed = w[i]; a.w_scales = s[i];
+      CHECK(weightonly_unpack_run(a, 0));
+    }
+    cudaEvent_t e0, e1;
+    CHECK(cudaEventCreate(&e0));
+    CHECK(cudaEventCreate(&e1));
+    CHECK(cudaEventRecord(e0));
+    for (int i = 0; i < iters; ++i) {
+      a.w_packed = w[i % copies]; a.w_scales = s[i % copies];
+      weightonly_unpack_run(a, 0);
+    }
+    CHECK(cudaEventRecord(e1));
+    CHECK(cudaEventSynchronize(e1));
+    CHECK(cudaGetLastError());
+    float ms_total = 0;
+    CHECK(cudaEventElapsedTime(&ms_total, e0, e1));
+    const double us = ms_total * 1e3 / iters;
+    const int64_t obytes = n * k * (fp8 ? 1 : 2) + (fp8 ? 4 * n : 0);
+    std::printf("unpack %-10s N=%6lld K=%6lld -> %-5s  %8.2f us  %6.0f GB/s  (read %.1f MB, write %.1f MB)\n",
+                f.name, (long long)n, (long long)k, fp8 ? "e4m3" : "bf16", us,
+                (wbytes + sbytes + obytes) / (us * 1e-6) / 1e9, (wbytes + sbytes) / 1e6,
+                obytes / 1e6);
+    CHECK(cudaEventDestroy(e0));
+    CHECK(cudaEventDestroy(e1));
+  }
+  for (int c = 0; c < copies; ++c) {
+    CHECK(cudaFree(w[c]));
+    CHECK(cudaFree(s[c]));
+  }
+  CHECK(cudaFree(out));
+  CHECK(cudaFree(rexp));
+}
+
+int run(int argc, char** argv) {
+  const int iters = argc > 2 ? std::atoi(argv[2]) : 50;
+  const char* fsel = argc > 3 ? argv[3] : "all";
+  const Fmt fmts[] = {{"nvfp4", WoScale::kNv16}, {"mxfp4", WoScale::kMx32},
+                      {"mxfp6_e2m3", WoScale::kMx6E2M3}, {"mxfp6_e3m2", WoScale::kMx6E3M2}};
+  std::printf("unpack: %d tiles per warp, bf16 lane exchange %d, %d launches per point\n",
+              wo_detail::kUnpackTiles, JAX_GMMA_WO_UNPACK_XCHG, iters);
+  int64_t bad = 0;
+  for (const Fmt& f : fmts) {
+    if (std::strcmp(fsel, "all") != 0 && std::strcmp(fsel, f.name) != 0) continue;
+    bad += verify(f, 16, 64, 1);
+    bad += verify(f, 272, 320, 2);     // 85 tiles: a partial last CTA
+    bad += verify(f, 8192, 8192, 3);
+  }
+  for (const Fmt& f : fmts) {
+    if (std::strcmp(fsel, "all") != 0 && std::strcmp(fsel, f.name) != 0) continue;
+    time_shape(f, 8192, 8192, iters);
+    time_shape(f, 28672, 8192, iters);
+  }
+  std::printf(bad ? "UNPACK VERIFY FAILED (%lld mismatches)\n" : "unpack verify: all ok\n", (long long)bad);
+  return bad ? 1 : 0;
+}
+
+}  // namespace unpack_bench
+
 int main(int argc, char** argv) {
   using namespace jax_gmma;
+  if (argc > 1 && std::strcmp(argv[1], "unpack") == 0) return unpack_bench::run(argc, argv);
   struct Shape { int64_t n, k; };
   const Shape shapes[] = {{28672, 8192}, {8192, 8192}, {8192, 28672}, {4096, 14336}};
   const int ms[] = {1, 4, 16};

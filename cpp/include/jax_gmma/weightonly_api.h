@@ -1,6 +1,7 @@
 // jax-gmma: weight-only quantized GEMM on Hopper (sm_90a) -- FP4 weights (NVFP4, MXFP4) or FP6
 // weights (MXFP6 e2m3 / e3m2) times bf16 activations, the decode (small M) kernel families of
-// cpp/sm90_fp4_gemm_weightonly.cu and cpp/sm90_fp6_gemm_weightonly.cu.
+// cpp/sm90_fp4_gemm_weightonly.cu and cpp/sm90_fp6_gemm_weightonly.cu, and the weight unpack
+// kernels of the prefill path (same files).
 //
 //   D[m, n] = alpha[m] * sum_k X[m, k] * dequant(W)[n, k]  (+ bias[n])
 //   alpha[m] = w_global (NVFP4 per-tensor scale, else 1) * x_scale[m] (per-token scale, else 1)
@@ -14,6 +15,14 @@
 //             MXFP6 (32-K blocks): each block scale re-encoded as a bf16 exponent/mantissa code,
 //             so the kernel rebuilds the bf16 multiplier with one integer multiply-add.
 // Requirements (checked by weightonly_check): N % 16 == 0, K % 64 == 0, M >= 1.
+//
+// The prefill (large M) path instead unpacks the prepared weight once per call into a plain
+// row-major (N, K) matrix and runs a tensor-core GEMM on it (weightonly_unpack_run: one
+// memory-bound kernel launch, no workspace, graph safe; FFI target jax_gmma_weightonly_unpack):
+//   bf16 output:  out[r, k] = w[r, k] = code value * block scale (exact; NVFP4's per-tensor
+//                 global scale is NOT applied). Poisoned blocks give Inf / NaN as the decode.
+//   e4m3 output:  out[r, k] = e4m3(w[r, k] * 2^(127 - row_exp[r])), round to nearest even,
+//                 saturating to +-448; poisoned blocks (non-finite w) give NaN (0x7F).
 #pragma once
 
 #include <cstddef>
@@ -58,5 +67,21 @@ const char* weightonly_check(const WoArgs& a);
 cudaError_t weightonly_run(const WoArgs& a, cudaStream_t stream);
 // The config the kernel would use for (m, n): rows_per_cta * 100 + tokens_per_cta.
 int32_t weightonly_pick(int64_t m, int64_t n, int64_t k);
+
+// The unpack kernel (prefill path): prepared weight -> row-major (N, K) bf16 or float8_e4m3fn.
+struct WoUnpackArgs {
+  int64_t n = 0, k = 0;             // N (multiple of 16), K = the *padded* K (multiple of 64)
+  WoScale scale = WoScale::kNv16;   // the weight format
+  const void* w_packed = nullptr;   // prepared codes (N/16, K/64, 512 or 768)
+  const void* w_scales = nullptr;   // prepared scale codes (N/16, K/64, 64 or 32)
+  const int32_t* row_exp = nullptr; // FP8 output only: (N,) int32 e_r per row
+  void* out = nullptr;              // (N, K) row-major
+  bool out_fp8 = false;
+};
+
+// nullptr when the unpack kernel can run `a` (shapes, alignment, format), else the reason.
+const char* weightonly_unpack_check(const WoUnpackArgs& a);
+// Enqueues the unpack kernel on `stream` (one launch: no memset, no workspace, no sync).
+cudaError_t weightonly_unpack_run(const WoUnpackArgs& a, cudaStream_t stream);
 
 }  // namespace jax_gmma

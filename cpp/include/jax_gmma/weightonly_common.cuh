@@ -75,6 +75,21 @@ __device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
   return d;
 }
 
+__device__ __forceinline__ uint32_t fma_bf16x2(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+// Scales one k16 slice of raw bf16x2 weight pairs (A registers a0..a3: rows g, g + 8, g, g + 8)
+// by the rows' multipliers: F(row g) for a0, a2 and F(row g + 8) for a1, a3.
+__device__ __forceinline__ void scale_slice(uint32_t (&a)[4], uint32_t f_lo, uint32_t f_hi) {
+  a[0] = mul_bf16x2(a[0], f_lo);
+  a[1] = mul_bf16x2(a[1], f_hi);
+  a[2] = mul_bf16x2(a[2], f_lo);
+  a[3] = mul_bf16x2(a[3], f_hi);
+}
+
 __device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                          uint32_t a3, uint32_t b0, uint32_t b1) {
   asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
@@ -247,10 +262,203 @@ cudaError_t dispatch_tile_shape(int rows, int tokens, F&& launch) {
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Unpack (the prefill path): the prepared weight -> a plain row-major (N, K) bf16 or e4m3 matrix
+// for a tensor-core GEMM. One kernel launch, no workspace. A warp converts whole 16 x 64 tiles
+// (tile = strip * K/64 + K step, the prepared order), a CTA kUnpackWarps x kUnpackTiles
+// consecutive tiles, all its loads issued before the first store. Lane (g, t) of a tile decodes
+// exactly what it feeds the GEMM's mma.sync (the same helpers) and writes 16 contiguous elements
+// of rows 16 s + g and 16 s + g + 8 at K 64 j + 16 t.
+
+struct UnpackParams {
+  int64_t k;                // padded K (row length of the output)
+  uint32_t ntiles, ksteps;  // N/16 * K/64, K/64
+  const uint8_t* w;
+  const uint8_t* s;
+  const int32_t* row_exp;   // FP8 output: (N,) biased exponents
+  void* out;
+};
+
+constexpr int kUnpackWarps = 8;
+#ifndef JAX_GMMA_WO_UNPACK_TILES
+#define JAX_GMMA_WO_UNPACK_TILES 4
+#endif
+constexpr int kUnpackTiles = JAX_GMMA_WO_UNPACK_TILES;  // tiles per warp (per CTA: x kUnpackWarps)
+
+// (2^x, 2^x) as bf16x2, x in -126 .. 127.
+__device__ __forceinline__ uint32_t pow2_bf16x2(int x) {
+  return static_cast<uint32_t>((x + 127) << 7) * 0x10001u;
+}
+
+// Row factor of the FP8 output: 2^(127 - e) on w, times the 2^10 that undoes the decode's
+// 2^-10, as two bf16 powers of two (fa * fb = 2^(137 - e), each a normal number). e is clamped
+// to [-115, 389]: at the ends every nonzero weight already saturates (or flushes to zero), so
+// the result is exact for any int32 e. The two multiplies cannot overflow or underflow where
+// the final product does not (same sign of exponent), so the result is rn(w * 2^(127 - e)).
+__device__ __forceinline__ void fp8_row_factors(int32_t e, uint32_t& fa, uint32_t& fb) {
+  const int c = 137 - min(max(e, -115), 389);  // -252 .. 252
+  const int a = c >> 1;
+  fa = pow2_bf16x2(a);
+  fb = pow2_bf16x2(c - a);
+}
+
+// Two bf16x2 (elements 0, 1 | 2, 3) -> four e4m3 bytes (element 0 lowest): rn, satfinite
+// (finite out-of-range values give +-448), NaN -> 0x7F.
+__device__ __forceinline__ uint32_t bf16x4_to_e4m3x4(uint32_t p01, uint32_t p23) {
+  const float f0 = __uint_as_float(p01 << 16), f1 = __uint_as_float(p01 & 0xFFFF0000u);
+  const float f2 = __uint_as_float(p23 << 16), f3 = __uint_as_float(p23 & 0xFFFF0000u);
+  uint32_t d;
+  asm("{\n\t.reg .b16 lo, hi;\n\t"
+      "cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n\t"
+      "cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n\t"
+      "mov.b32 %0, {lo, hi};\n\t}"
+      : "=r"(d)
+      : "f"(f0), "f"(f1), "f"(f2), "f"(f3));
+  return d;
+}
+
+__device__ __forceinline__ void st_v4(void* p, uint4 v) { *reinterpret_cast<uint4*>(p) = v; }
+
+#ifndef JAX_GMMA_WO_UNPACK_XCHG
+#define JAX_GMMA_WO_UNPACK_XCHG 1  // bf16 output: pair lanes so each store writes whole sectors
+#endif
+
+// bf16 output of one row: the lane holds chunks 2t, 2t + 1 (16 bytes each) of the row's 128-byte
+// run. Lanes t, t ^ 1 swap one chunk so that each 16-byte store instruction covers whole 32-byte
+// sectors: store A of lanes (2u, 2u + 1) writes chunks 4u, 4u + 1, store B chunks 4u + 2, 4u + 3.
+// `ok` guards the stores only (the shuffles need the whole warp).
+__device__ __forceinline__ void store_bf16_row(__nv_bfloat16* row, int t, uint4 c0, uint4 c1,
+                                               bool ok) {
+#if JAX_GMMA_WO_UNPACK_XCHG
+  const bool odd = t & 1;
+  const uint4 send = odd ? c0 : c1;
+  uint4 recv;
+  recv.x = __shfl_xor_sync(0xFFFFFFFFu, send.x, 1);
+  recv.y = __shfl_xor_sync(0xFFFFFFFFu, send.y, 1);
+  recv.z = __shfl_xor_sync(0xFFFFFFFFu, send.z, 1);
+  recv.w = __shfl_xor_sync(0xFFFFFFFFu, send.w, 1);
+  uint8_t* base = reinterpret_cast<uint8_t*>(row) + 64 * (t >> 1) + 16 * (t & 1);
+  if (ok) {
+    st_v4(base, odd ? recv : c0);
+    st_v4(base + 32, odd ? c1 : recv);
+  }
+#else
+  uint8_t* base = reinterpret_cast<uint8_t*>(row) + 32 * t;
+  if (ok) {
+    st_v4(base, c0);
+    st_v4(base + 16, c1);
+  }
+#endif
+}
+
+// The unpack kernel. Tile (per format) provides
+//   Regs;  load(p, tile, lane) -> Regs;  scales(regs, f_lo, f_hi): the rows' bf16x2 multipliers;
+//   slices(regs, f_lo, f_hi, a): a[q][0..3] = the scaled A registers of k16 slice q
+//   (value * scale * 2^-10: rows g, g + 8, g, g + 8 at k 4q + 0..1, 4q + 0..1, 4q + 2..3, 4q + 2..3).
+template <class Tile, bool FP8>
+__global__ void __launch_bounds__(kUnpackWarps * 32) wo_unpack_kernel(const UnpackParams p) {
+  constexpr uint32_t kPerCta = kUnpackWarps * kUnpackTiles;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const uint32_t ngroups = (p.ntiles + kPerCta - 1) / kPerCta;
+  for (uint32_t grp = blockIdx.x; grp < ngroups; grp += gridDim.x) {
+    typename Tile::Regs regs[kUnpackTiles];
+    uint32_t strip[kUnpackTiles], kstep[kUnpackTiles];
+    int32_t e0[kUnpackTiles], e1[kUnpackTiles];
+#pragma unroll
+    for (int i = 0; i < kUnpackTiles; ++i) {
+      // Past the last tile (the last CTA only): redo the last tile, store nothing. No branch
+      // around the decode, so the bf16 path's shuffles stay unconditional.
+      const uint32_t tile = min(grp * kPerCta + i * kUnpackWarps + warp, p.ntiles - 1);
+      regs[i] = Tile::load(p, tile, lane);
+      strip[i] = tile / p.ksteps;
+      kstep[i] = tile - strip[i] * p.ksteps;
+      if constexpr (FP8) {
+        const int32_t* re = p.row_exp + 16 * static_cast<size_t>(strip[i]) + g;
+        e0[i] = __ldg(re);
+        e1[i] = __ldg(re + 8);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kUnpackTiles; ++i) {
+      const bool ok = grp * kPerCta + i * kUnpackWarps + warp < p.ntiles;
+      uint32_t f_lo, f_hi;
+      Tile::scales(regs[i], f_lo, f_hi);
+      const int64_t row0 = 16 * static_cast<int64_t>(strip[i]) + g;
+      const int64_t col = 64 * static_cast<int64_t>(kstep[i]);
+      uint32_t a[4][4];
+      if constexpr (FP8) {
+        // A poisoned block's multiplier is Inf (or NaN): make it NaN, so that every weight of
+        // the block converts to NaN instead of saturating to 448.
+        f_lo = fma_bf16x2(f_lo, 0u, f_lo);
+        f_hi = fma_bf16x2(f_hi, 0u, f_hi);
+        Tile::slices(regs[i], f_lo, f_hi, a);
+        uint32_t fa0, fb0, fa1, fb1;
+        fp8_row_factors(e0[i], fa0, fb0);
+        fp8_row_factors(e1[i], fa1, fb1);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          a[q][0] = mul_bf16x2(mul_bf16x2(a[q][0], fa0), fb0);
+          a[q][2] = mul_bf16x2(mul_bf16x2(a[q][2], fa0), fb0);
+          a[q][1] = mul_bf16x2(mul_bf16x2(a[q][1], fa1), fb1);
+          a[q][3] = mul_bf16x2(mul_bf16x2(a[q][3], fa1), fb1);
+        }
+        uint8_t* out = static_cast<uint8_t*>(p.out);
+        const uint4 v0 =
+            make_uint4(bf16x4_to_e4m3x4(a[0][0], a[0][2]), bf16x4_to_e4m3x4(a[1][0], a[1][2]),
+                       bf16x4_to_e4m3x4(a[2][0], a[2][2]), bf16x4_to_e4m3x4(a[3][0], a[3][2]));
+        const uint4 v1 =
+            make_uint4(bf16x4_to_e4m3x4(a[0][1], a[0][3]), bf16x4_to_e4m3x4(a[1][1], a[1][3]),
+                       bf16x4_to_e4m3x4(a[2][1], a[2][3]), bf16x4_to_e4m3x4(a[3][1], a[3][3]));
+        if (ok) {
+          st_v4(out + row0 * p.k + col + 16 * t, v0);
+          st_v4(out + (row0 + 8) * p.k + col + 16 * t, v1);
+        }
+      } else {
+        Tile::slices(regs[i], f_lo, f_hi, a);
+        constexpr uint32_t k1024 = 0x44804480u;  // bf16x2 (2^10, 2^10): undoes the 2^-10, exact
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) a[q][r] = mul_bf16x2(a[q][r], k1024);
+        __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out);
+        store_bf16_row(out + row0 * p.k + col, t,
+                       make_uint4(a[0][0], a[0][2], a[1][0], a[1][2]),
+                       make_uint4(a[2][0], a[2][2], a[3][0], a[3][2]), ok);
+        store_bf16_row(out + (row0 + 8) * p.k + col, t,
+                       make_uint4(a[0][1], a[0][3], a[1][1], a[1][3]),
+                       make_uint4(a[2][1], a[2][3], a[3][1], a[3][3]), ok);
+      }
+    }
+  }
+}
+
+// Host: one launch of the unpack kernel for Tile (after weightonly_unpack_check passed).
+template <class Tile>
+cudaError_t launch_unpack(const WoUnpackArgs& a, cudaStream_t stream) {
+  UnpackParams p;
+  p.k = a.k;
+  p.ksteps = static_cast<uint32_t>(a.k / 64);
+  p.ntiles = static_cast<uint32_t>(a.n / 16 * (a.k / 64));
+  p.w = static_cast<const uint8_t*>(a.w_packed);
+  p.s = static_cast<const uint8_t*>(a.w_scales);
+  p.row_exp = a.row_exp;
+  p.out = a.out;
+  constexpr uint32_t kPerCta = kUnpackWarps * kUnpackTiles;
+  const unsigned grid = (p.ntiles + kPerCta - 1) / kPerCta;
+  if (a.out_fp8)
+    wo_unpack_kernel<Tile, true><<<grid, kUnpackWarps * 32, 0, stream>>>(p);
+  else
+    wo_unpack_kernel<Tile, false><<<grid, kUnpackWarps * 32, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
 }  // namespace wo_detail
 
 // The MXFP6 kernel family (cpp/sm90_fp6_gemm_weightonly.cu), called by weightonly_run for
 // a.scale == kMx6E2M3 / kMx6E3M2 once weightonly_check passed and the tile is resolved.
 cudaError_t weightonly_fp6_run(const WoArgs& a, int rows, int tokens, cudaStream_t stream);
+// The MXFP6 unpack kernels, called by weightonly_unpack_run once weightonly_unpack_check passed.
+cudaError_t weightonly_fp6_unpack_run(const WoUnpackArgs& a, cudaStream_t stream);
 
 }  // namespace jax_gmma
