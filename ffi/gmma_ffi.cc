@@ -56,8 +56,57 @@ bool to_dtype(ffi::DataType t, DType* out) {
   }
 }
 
-ffi::Error invalid(std::string msg) {
-  return ffi::Error(ffi::ErrorCode::kInvalidArgument, "jax_gmma_fp8_gemm: " + msg);
+// An invalid-argument error, prefixed with the FFI target's name.
+ffi::Error fail(std::string_view target, const std::string& msg) {
+  return ffi::Error(ffi::ErrorCode::kInvalidArgument, std::string(target) + ": " + msg);
+}
+
+// The structural checks the FP8 handlers share (the Python shape rules enforce them at trace
+// time already): a (M, K), b (N, K), d (M, N), all 2-D, with supported dtypes. "" when fine.
+std::string check_fp8_operands(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b,
+                               const ffi::AnyBuffer& d, int64_t* m, int64_t* n, int64_t* k,
+                               DType* ta, DType* tb, DType* td) {
+  auto ad = a.dimensions();
+  auto bd = b.dimensions();
+  auto dd = d.dimensions();
+  if (ad.size() != 2 || bd.size() != 2 || dd.size() != 2) return "operands must be 2-D";
+  *m = ad[0];
+  *k = ad[1];
+  *n = bd[0];
+  if (bd[1] != *k || dd[0] != *m || dd[1] != *n) return "shape mismatch";
+  if (!to_dtype(a.element_type(), ta) || !to_dtype(b.element_type(), tb) ||
+      !to_dtype(d.element_type(), td))
+    return "unsupported dtype";
+  return {};
+}
+
+// bias: (N,) in the output dtype when has_bias (else an ignored placeholder). "" when fine.
+std::string check_bias(const ffi::AnyBuffer& bias, const ffi::AnyBuffer& d, bool has_bias, int64_t n) {
+  if (has_bias && (bias.element_type() != d.element_type() ||
+                   static_cast<int64_t>(bias.element_count()) != n))
+    return "bias must be (N,) in the output dtype";
+  return {};
+}
+
+// The GemmArgs fields every handler fills the same way (operand, bias, output and workspace
+// pointers, problem size, split count, SM count); scale fields are the caller's.
+GemmArgs common_args(int64_t m, int64_t n, int64_t k, const ffi::AnyBuffer& a,
+                     const ffi::AnyBuffer& b, const ffi::AnyBuffer& bias, bool has_bias,
+                     ffi::Result<ffi::AnyBuffer>& d, ffi::Result<ffi::AnyBuffer>& workspace,
+                     int32_t splits, int32_t sm_count) {
+  GemmArgs g;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.a = a.untyped_data();
+  g.b = b.untyped_data();
+  g.bias = has_bias ? bias.untyped_data() : nullptr;
+  g.d = d->untyped_data();
+  g.workspace = workspace->untyped_data();
+  g.workspace_bytes = workspace->size_bytes();
+  g.splits = splits;
+  g.sm_count = sm_count;
+  return g;
 }
 
 // The kernel a handler's call site asked for. Each handler keeps a thread-local one-entry cache
@@ -91,10 +140,7 @@ ffi::Error launch(const KernelEntry* entry, GemmArgs& g, cudaStream_t stream) {
   if (cudaGetDevice(&device) != cudaSuccess) return ffi::Error::Internal("cudaGetDevice failed");
   if (cudaError_t err = ensure_prepared(entry, device); err != cudaSuccess)
     return ffi::Error::Internal(std::string("jax_gmma: kernel setup failed: ") + cudaGetErrorString(err));
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess)
-    return ffi::Error::Internal("cudaStreamIsCapturing failed");
-  (capture == cudaStreamCaptureStatusActive ? g_captured : g_eager).fetch_add(1, std::memory_order_relaxed);
+  if (!jax_gmma_note_execution(stream)) return ffi::Error::Internal("cudaStreamIsCapturing failed");
   g.device = device;
   if (cudaError_t err = entry->run(g, stream); err != cudaSuccess)
     return ffi::Error::Internal(std::string("jax_gmma: kernel launch failed (") + entry->config +
@@ -109,47 +155,27 @@ ffi::Error Fp8GemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
                        ffi::Result<ffi::AnyBuffer> d, ffi::Result<ffi::AnyBuffer> workspace,
                        std::string_view config, int32_t splits, int32_t sm_count, bool has_bias) {
   HostTimer timer;
-  // Cheap structural checks: the Python shape rules already enforce these at trace time.
-  auto ad = a.dimensions();
-  auto bd = b.dimensions();
-  auto dd = d->dimensions();
-  if (ad.size() != 2 || bd.size() != 2 || dd.size() != 2) return invalid("operands must be 2-D");
-  const int64_t m = ad[0], k = ad[1], n = bd[0];
-  if (bd[1] != k || dd[0] != m || dd[1] != n) return invalid("shape mismatch");
+  constexpr std::string_view kTarget = "jax_gmma_fp8_gemm";
+  int64_t m, n, k;
   DType ta, tb, td;
-  if (!to_dtype(a.element_type(), &ta) || !to_dtype(b.element_type(), &tb) ||
-      !to_dtype(d->element_type(), &td))
-    return invalid("unsupported dtype");
+  if (auto e = check_fp8_operands(a, b, *d, &m, &n, &k, &ta, &tb, &td); !e.empty()) return fail(kTarget, e);
   if (a_scale.element_type() != ffi::DataType::F32 || b_scale.element_type() != ffi::DataType::F32)
-    return invalid("scales must be float32");
+    return fail(kTarget, "scales must be float32");
   const int64_t as = static_cast<int64_t>(a_scale.element_count());
   const int64_t bs = static_cast<int64_t>(b_scale.element_count());
-  if ((as != 1 && as != m) || (bs != 1 && bs != n)) return invalid("scale sizes");
-  if (has_bias && (bias.element_type() != d->element_type() ||
-                   static_cast<int64_t>(bias.element_count()) != n))
-    return invalid("bias must be (N,) in the output dtype");
+  if ((as != 1 && as != m) || (bs != 1 && bs != n)) return fail(kTarget, "scale sizes");
+  if (auto e = check_bias(bias, *d, has_bias, n); !e.empty()) return fail(kTarget, e);
 
   thread_local EntryCache cache;
   std::string why;
   const KernelEntry* entry = lookup(cache, config, ta, tb, td, &why);
-  if (!entry) return invalid(why);
+  if (!entry) return fail(kTarget, why);
 
-  GemmArgs g;
-  g.m = m;
-  g.n = n;
-  g.k = k;
-  g.a = a.untyped_data();
-  g.b = b.untyped_data();
+  GemmArgs g = common_args(m, n, k, a, b, bias, has_bias, d, workspace, splits, sm_count);
   g.a_scale = static_cast<const float*>(a_scale.untyped_data());
   g.b_scale = static_cast<const float*>(b_scale.untyped_data());
   g.a_scale_per_row = as == m && m != 1;
   g.b_scale_per_col = bs == n && n != 1;
-  g.bias = has_bias ? bias.untyped_data() : nullptr;
-  g.d = d->untyped_data();
-  g.workspace = workspace->untyped_data();
-  g.workspace_bytes = workspace->size_bytes();
-  g.splits = splits;
-  g.sm_count = sm_count;
   return launch(entry, g, stream);
 }
 
@@ -164,57 +190,34 @@ ffi::Error Fp8BlockwiseGemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyB
                                 std::string_view config, int32_t splits, int32_t sm_count,
                                 bool has_bias) {
   HostTimer timer;
-  auto bad = [](std::string msg) {
-    return ffi::Error(ffi::ErrorCode::kInvalidArgument, "jax_gmma_fp8_blockwise_gemm: " + msg);
-  };
-  // Cheap structural checks: the Python shape rules already enforce these at trace time.
-  auto ad = a.dimensions();
-  auto bd = b.dimensions();
-  auto dd = d->dimensions();
-  if (ad.size() != 2 || bd.size() != 2 || dd.size() != 2) return bad("operands must be 2-D");
-  const int64_t m = ad[0], k = ad[1], n = bd[0];
-  if (bd[1] != k || dd[0] != m || dd[1] != n) return bad("shape mismatch");
+  constexpr std::string_view kTarget = "jax_gmma_fp8_blockwise_gemm";
+  int64_t m, n, k;
   DType ta, tb, td;
-  if (!to_dtype(a.element_type(), &ta) || !to_dtype(b.element_type(), &tb) ||
-      !to_dtype(d->element_type(), &td))
-    return bad("unsupported dtype");
+  if (auto e = check_fp8_operands(a, b, *d, &m, &n, &k, &ta, &tb, &td); !e.empty()) return fail(kTarget, e);
   if (a_scales.element_type() != ffi::DataType::F32 || b_scales.element_type() != ffi::DataType::F32)
-    return bad("scales must be float32");
+    return fail(kTarget, "scales must be float32");
   constexpr std::string_view k1d2d = "blockwise_1d2d_", k1d1d = "blockwise_1d1d_";
   const bool is_1d2d = config.substr(0, k1d2d.size()) == k1d2d;
   if (!is_1d2d && config.substr(0, k1d1d.size()) != k1d1d)
-    return bad("config must be a blockwise_1d2d_* or blockwise_1d1d_* kernel");
+    return fail(kTarget, "config must be a blockwise_1d2d_* or blockwise_1d1d_* kernel");
   const int64_t kb = (k + 127) / 128;
   const int64_t rows_b = is_1d2d ? (n + 127) / 128 : n;
   const int64_t ld_a = block_scale_ld(m), ld_b = block_scale_ld(rows_b);
   if (static_cast<int64_t>(a_scales.element_count()) != kb * ld_a ||
       static_cast<int64_t>(b_scales.element_count()) != kb * ld_b)
-    return bad("scale sizes (expected (ceil(K/128), round_up(rows, 4)) MN-major scales)");
-  if (has_bias && (bias.element_type() != d->element_type() ||
-                   static_cast<int64_t>(bias.element_count()) != n))
-    return bad("bias must be (N,) in the output dtype");
+    return fail(kTarget, "scale sizes (expected (ceil(K/128), round_up(rows, 4)) MN-major scales)");
+  if (auto e = check_bias(bias, *d, has_bias, n); !e.empty()) return fail(kTarget, e);
 
   thread_local EntryCache cache;
   std::string why;
   const KernelEntry* entry = lookup(cache, config, ta, tb, td, &why);
-  if (!entry) return bad(why);
+  if (!entry) return fail(kTarget, why);
 
-  GemmArgs g;
-  g.m = m;
-  g.n = n;
-  g.k = k;
-  g.a = a.untyped_data();
-  g.b = b.untyped_data();
+  GemmArgs g = common_args(m, n, k, a, b, bias, has_bias, d, workspace, splits, sm_count);
   g.a_block_scale = static_cast<const float*>(a_scales.untyped_data());
   g.b_block_scale = static_cast<const float*>(b_scales.untyped_data());
   g.a_block_scale_ld = ld_a;
   g.b_block_scale_ld = ld_b;
-  g.bias = has_bias ? bias.untyped_data() : nullptr;
-  g.d = d->untyped_data();
-  g.workspace = workspace->untyped_data();
-  g.workspace_bytes = workspace->size_bytes();
-  g.splits = splits;
-  g.sm_count = sm_count;
   return launch(entry, g, stream);
 }
 
@@ -233,9 +236,7 @@ ffi::Error MxGemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b, f
                       std::string_view a_dtype, std::string_view b_dtype, int64_t k, int32_t sf_vec,
                       int32_t sm_count, bool has_bias, bool has_global) {
   HostTimer timer;
-  auto bad = [](std::string msg) {
-    return ffi::Error(ffi::ErrorCode::kInvalidArgument, "jax_gmma_mx_gemm: " + msg);
-  };
+  auto bad = [](const std::string& msg) { return fail("jax_gmma_mx_gemm", msg); };
   // Cheap structural checks: the Python shape rules already enforce these at trace time.
   DType ta, tb, td;
   if (!dtype_from_name(std::string(a_dtype).c_str(), &ta) || !dtype_from_name(std::string(b_dtype).c_str(), &tb))
@@ -271,31 +272,18 @@ ffi::Error MxGemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b, f
   if (has_global && (a_global.element_type() != ffi::DataType::F32 || a_global.element_count() != 1 ||
                      b_global.element_type() != ffi::DataType::F32 || b_global.element_count() != 1))
     return bad("global scales must be float32 (1,)");
-  if (has_bias && (bias.element_type() != d->element_type() ||
-                   static_cast<int64_t>(bias.element_count()) != n))
-    return bad("bias must be (N,) in the output dtype");
+  if (auto e = check_bias(bias, *d, has_bias, n); !e.empty()) return bad(e);
 
   thread_local EntryCache cache;
   std::string why;
   const KernelEntry* entry = lookup(cache, config, ta, tb, td, &why);
   if (!entry) return bad(why);
 
-  GemmArgs g;
-  g.m = m;
-  g.n = n;
-  g.k = k;
-  g.a = a.untyped_data();
-  g.b = b.untyped_data();
+  GemmArgs g = common_args(m, n, k, a, b, bias, has_bias, d, workspace, 1, sm_count);
   g.a_sf = a_sf.untyped_data();
   g.b_sf = b_sf.untyped_data();
   g.a_global_scale = has_global ? static_cast<const float*>(a_global.untyped_data()) : nullptr;
   g.b_global_scale = has_global ? static_cast<const float*>(b_global.untyped_data()) : nullptr;
-  g.bias = has_bias ? bias.untyped_data() : nullptr;
-  g.d = d->untyped_data();
-  g.workspace = workspace->untyped_data();
-  g.workspace_bytes = workspace->size_bytes();
-  g.splits = 1;
-  g.sm_count = sm_count;
   return launch(entry, g, stream);
 }
 

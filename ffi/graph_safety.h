@@ -10,6 +10,8 @@
 //    memory to the host (scales are read by the kernels).
 #pragma once
 
+#include <cuda_runtime_api.h>
+
 #include "xla/ffi/api/ffi.h"
 
 #define JAX_GMMA_GRAPH_SAFE_TRAITS {xla::ffi::Traits::kCmdBufferCompatible}
@@ -17,3 +19,12 @@
 // Counts one handler execution as captured (inside a CUDA graph capture) or eager; defined in
 // ffi/gmma_ffi.cc, read by _gmma_ext.capture_stats().
 extern "C" void jax_gmma_count_execution(bool captured);
+
+// The execute path's one stream query: is the stream capturing? Counts the execution as
+// captured or eager; false when CUDA cannot say (the handler then fails with an internal error).
+inline bool jax_gmma_note_execution(cudaStream_t stream) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess) return false;
+  jax_gmma_count_execution(capture == cudaStreamCaptureStatusActive);
+  return true;
+}

@@ -64,10 +64,8 @@ ffi::Error Fp8QuantizeImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ff
   if (m == 0) return ffi::Error::Success();
 
   // Counted in the library-wide capture counters (_gmma_ext.capture_stats()).
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess)
+  if (!jax_gmma_note_execution(stream))
     return ffi::Error::Internal("jax_gmma_fp8_quantize: cudaStreamIsCapturing failed");
-  jax_gmma_count_execution(capture == cudaStreamCaptureStatusActive);
 
   const cudaError_t err = jax_gmma_fp8_quantize(x.untyped_data(), in_dtype, m, k, block, div_mode,
                                                 data->untyped_data(), scales->untyped_data(), stream);
