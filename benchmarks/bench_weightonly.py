@@ -57,6 +57,14 @@ TOL = {"ours_nvfp4_kernel": 1e-2, "ours_nvfp4_dequant": 1e-2, "ours_nvfp4": 1e-2
 WO_IMPLS = {"ours_nvfp4": "nvfp4", "ours_mxfp4": "mxfp4", "ours_mxfp6_e2m3": "mxfp6_e2m3",
             "ours_mxfp6_e3m2": "mxfp6_e3m2", "ours_nvfp4_kernel": "nvfp4",
             "ours_nvfp4_dequant": "nvfp4"}
+#: The FP8 prefill route (weightonly_gemm(..., path="fp8")): FP8 activations x MX weights unpacked
+#: to e4m3 with a power-of-two scale per row, then jax-gmma's FP8 GEMM. Prefill suite only.
+FP8_ROUTE = {"ours_mxfp4_fp8": "mxfp4", "ours_mxfp6_e2m3_fp8": "mxfp6_e2m3",
+             "ours_mxfp6_e3m2_fp8": "mxfp6_e3m2"}
+WO_IMPLS.update(FP8_ROUTE)
+for _i in FP8_ROUTE:
+  TOL[_i] = 5e-2
+FP8_X = ("ours_fp8", "xla_fp8", *FP8_ROUTE)  # impls whose activations are cast to FP8
 
 
 def _to_k(y, k):
@@ -85,6 +93,7 @@ def _steps(k):
       "ours_mxfp6_e3m2": lambda x, w: jax_gmma.weightonly_gemm(x, w),
       "ours_nvfp4_kernel": lambda x, w: jax_gmma.weightonly_gemm(x, w, path="kernel"),
       "ours_nvfp4_dequant": lambda x, w: jax_gmma.weightonly_gemm(x, w, path="dequant"),
+      **{i: (lambda x, w: jax_gmma.weightonly_gemm(x.astype(F8), w, path="fp8")) for i in FP8_ROUTE},
       "ours_fp8": lambda x, w: jax_gmma.fp8_gemm(x.astype(F8), w[0], None, w[1], out_dtype=BF16),
       "xla_fp8": lambda x, w: (lax.dot_general(x.astype(F8), w[0], TN, preferred_element_type=F32)
                                * w[1]).astype(BF16),
@@ -185,7 +194,7 @@ def bench_prefill(args, rows, fails, shapes, impls, m=4096):
       step = _steps(k)[impl]
       fn, calls = compile_jax(step, (x, ws[0]))
       w0 = np.asarray(_dequant(impl, ws[0]), np.float64)
-      xin = np.asarray(x[:64].astype(F8).astype(F32) if impl in ("ours_fp8", "xla_fp8") else
+      xin = np.asarray(x[:64].astype(F8).astype(F32) if impl in FP8_X else
                        x[:64].astype(F32), np.float64)
       out = np.asarray(fn(x, ws[0])[:64].astype(F32), np.float64)
       ref = xin @ w0.T
@@ -200,6 +209,21 @@ def bench_prefill(args, rows, fails, shapes, impls, m=4096):
       print(f"  {m}x{n}x{k} {impl:18s} {us:9.1f} us {row['tflops']:7.1f} TFLOP/s rel_err {err:.1e}",
             flush=True)
       del ws, fn
+
+
+def _prefill_table(rows):
+  sel = [r for r in rows if r["suite"] == "prefill"]
+  if not sel:
+    return ""
+  lines = ["### prefill", "", "| M x N x K | impl | us | TFLOP/s | vs ours_fp8 | vs bf16 | rel err |",
+           "|---|---|---|---|---|---|---|"]
+  for key in dict.fromkeys((r["m"], r["n"], r["k"]) for r in sel):
+    by = {r["impl"]: r for r in sel if (r["m"], r["n"], r["k"]) == key}
+    for impl, r in by.items():
+      rel = [f"{by[p]['us'] / r['us']:.2f}x" if p in by else "-" for p in ("ours_fp8", "bf16")]
+      lines.append(f"| {key[0]}x{key[1]}x{key[2]} | {impl} | {r['us']:.1f} | {r['tflops']:.1f} | "
+                   f"{rel[0]} | {rel[1]} | {r['rel_err']:.1e} |")
+  return "\n".join(lines) + "\n"
 
 
 def _table(rows, suite):
@@ -243,16 +267,18 @@ def main(argv=None):
                  help="prefill token counts M,M (default 4096); e.g. 32,64,128,256 to place "
                       "weightonly.PREFILL_MIN_M with impls ours_nvfp4_kernel,ours_nvfp4_dequant")
   p.add_argument("--impls", default="ours_nvfp4,ours_mxfp4,ours_mxfp6_e2m3,ours_mxfp6_e3m2,ours_fp8,"
-                 "xla_fp8,bf16,xla_dequant_nvfp4")
+                 "xla_fp8,bf16,xla_dequant_nvfp4,ours_mxfp4_fp8,ours_mxfp6_e2m3_fp8,ours_mxfp6_e3m2_fp8",
+                 help="the *_fp8 impls (FP8 activations through the FP8 prefill route) run in the "
+                      "prefill suite only")
   args = p.parse_args(argv)
   impls = args.impls.split(",")
   rows, fails = [], []
   dev = jax.devices()[0]
   print(f"device: {dev.device_kind}, jax {jax.__version__}", flush=True)
   if args.suite == "smoke":
-    bench_decode(args, rows, fails, ((4096, 4096),), (1, 16), impls)
+    bench_decode(args, rows, fails, ((4096, 4096),), (1, 16), [i for i in impls if i not in FP8_ROUTE])
   if args.suite in ("decode", "all"):
-    bench_decode(args, rows, fails, DECODE_SHAPES, DECODE_MS, impls)
+    bench_decode(args, rows, fails, DECODE_SHAPES, DECODE_MS, [i for i in impls if i not in FP8_ROUTE])
   if args.suite in ("prefill", "all"):
     for m in (int(v) for v in args.prefill_ms.split(",") if v):
       bench_prefill(args, rows, fails, PREFILL_SHAPES,
@@ -263,7 +289,7 @@ def main(argv=None):
   with open(os.path.join(args.out, "bench_weightonly.json"), "w") as f:
     json.dump(dict(meta=meta, rows=rows, failures=fails), f, indent=1, default=str)
   md = (f"# FP4 / FP6 weight-only GEMM ({meta['device']}, {meta['date']}, jax {meta['jax']})\n\n"
-        + _table(rows, "decode") + "\n" + _table(rows, "prefill"))
+        + _table(rows, "decode") + "\n" + _prefill_table(rows))
   md += "\n".join(["", *md_tail([], fails)])
   with open(os.path.join(args.out, "bench_weightonly.md"), "w") as f:
     f.write(md)

@@ -37,6 +37,8 @@ Use::
   ``F = scale * 2^116`` in compact form: NVFP4 ``bits(F) = 16 c + 0x7000`` (c = 255: NaN, a
   poisoned block), MXFP4 ``bits(F) = 128 (c + 116)`` i.e. c is the E8M0 byte (exact for
   scales 2^-115 .. 2^11; 139 = Inf marks a poisoned block).
+  An all-zero MX block has code 0 whatever its E8M0 scale was (its row's largest code then
+  comes from blocks that hold weights: :func:`row_exponents`).
 * ``global_scale`` float32 ``(1,)``: NVFP4's per-tensor scale (1.0 for MXFP4).
 
 Block scales are applied exactly: the e2m1 value times its scale has at most 6 significant
@@ -69,6 +71,20 @@ lanes and element order as FP4, but 768 bytes per 16 x 64 tile (0.75 byte per we
 * ``global_scale`` float32 ``(1,)``: 1.0.
 
 K is padded to a multiple of 64 (the tile) with zero weights, as for FP4: any K works.
+
+**Prefill** (M >= :data:`PREFILL_MIN_M`; :func:`weightonly_gemm`'s ``path``). One kernel,
+:func:`unpack` (FFI target ``jax_gmma_weightonly_unpack``), turns the prepared bytes into a plain
+(N, Kp) matrix in one memory-bound pass, then a tensor-core GEMM runs on it:
+
+* ``"dequant"``: bf16 (code x block scale, exact) and XLA's bf16 GEMM, float32 accumulation;
+* ``"fp8"`` (FP8 activations, MX weights): an MX weight is ``code x 2^(c - 127)`` per 32-block;
+  with ``e`` its row's largest code (:func:`row_exponents`), ``code x 2^(c - e)`` is an e4m3
+  number whenever ``e - c`` stays within :data:`FP8_SPREAD` (8 for e2m1, 6 for e2m3, 5 for
+  e3m2), so the weight goes to e4m3 *exactly* with the power-of-two per-channel scale ``2^(e -
+  127)``, and jax-gmma's FP8 GEMM (per-token x per-channel scales, float32 promotion every 128 of
+  K) multiplies it at FP8 tensor-core speed. ``prepare`` checks the condition once
+  (``PackedWeight.fp8_exact``); all-zero blocks do not count (their code is set to 0). NVFP4 has
+  no such route: an e4m3 block scale times an e2m1 code needs up to 5 significant bits.
 """
 from __future__ import annotations
 
@@ -180,24 +196,32 @@ _FP6_SRC = {f: fp6_stream_bits(f) for f in FP6_FORMATS}
 class PackedWeight:
   """An (N, K) weight in the Hopper weight-only kernel layout (see the module docstring).
 
-  Pytree children: (packed, scales, global_scale); static: (format name, n, k)."""
+  Pytree children: (packed, scales, global_scale); static: (format name, n, k, fp8_exact).
 
-  __slots__ = ("packed", "scales", "global_scale", "format", "n", "k")
+  ``fp8_exact`` (MX formats): True when every weight is exactly an FP8 e4m3 number times a
+  power-of-two scale per row (:func:`fp8_exact`), so the prefill path may multiply it on FP8
+  tensor cores without rounding anything (``path="fp8"``); False when not (and for NVFP4, whose
+  e4m3 block scales times e2m1 codes need up to 5 significant bits); None when unknown (the
+  weight was prepared under a trace)."""
 
-  def __init__(self, packed, scales, global_scale, *, format: str, n: int, k: int):
+  __slots__ = ("packed", "scales", "global_scale", "format", "n", "k", "fp8_exact")
+
+  def __init__(self, packed, scales, global_scale, *, format: str, n: int, k: int,
+               fp8_exact: Optional[bool] = None):
     if format not in FORMATS:
       raise ValueError(f"PackedWeight: format must be one of {FORMATS}, got {format!r}")
     self.packed, self.scales, self.global_scale = packed, scales, global_scale
     self.format, self.n, self.k = format, int(n), int(k)
+    self.fp8_exact = None if fp8_exact is None else bool(fp8_exact)
 
   def tree_flatten(self):
-    return (self.packed, self.scales, self.global_scale), (self.format, self.n, self.k)
+    return (self.packed, self.scales, self.global_scale), (self.format, self.n, self.k, self.fp8_exact)
 
   @classmethod
   def tree_unflatten(cls, aux, children):
     obj = object.__new__(cls)
     obj.packed, obj.scales, obj.global_scale = children
-    obj.format, obj.n, obj.k = aux
+    obj.format, obj.n, obj.k, obj.fp8_exact = aux
     return obj
 
   @property
@@ -214,7 +238,7 @@ class PackedWeight:
     return dequantize_packed(self, dtype)
 
   def __repr__(self) -> str:
-    return f"PackedWeight(format={self.format!r}, n={self.n}, k={self.k})"
+    return f"PackedWeight(format={self.format!r}, n={self.n}, k={self.k}, fp8_exact={self.fp8_exact})"
 
 
 # -- preparation ------------------------------------------------------------------------------
@@ -258,7 +282,65 @@ def prepare(w, format: Optional[str] = None) -> PackedWeight:
                        f"kernel's exact range (weights of magnitude {big} or more)")
   packed, codes = _prepare_impl(w.data, scales, fmt, n, k)
   g = w.global_scale if w.global_scale is not None else jnp.ones((), jnp.float32)
-  return PackedWeight(packed, codes, jnp.reshape(g, (1,)).astype(jnp.float32), format=fmt, n=n, k=k)
+  exact = False
+  if fmt in FP8_SPREAD:
+    traced = any(isinstance(a, jax.core.Tracer) for a in (w.data, codes))
+    exact = None if traced else bool(jax.device_get(_fp8_exact_impl(w.data, codes, fmt, n, k)))
+  return PackedWeight(packed, codes, jnp.reshape(g, (1,)).astype(jnp.float32), format=fmt, n=n, k=k,
+                      fp8_exact=exact)
+
+
+# -- the FP8 view of an MX weight (the prefill path's FP8 route) -------------------------------
+
+#: Largest exponent gap (row maximum minus block scale exponent) at which every code of an MX
+#: block, times 2^-gap, is still an FP8 e4m3 number: e2m1 codes (0.5 .. 6, 2 significant bits)
+#: reach e4m3's smallest subnormal 2^-9 at 0.5 * 2^-8; e2m3 (0.125 .. 7.5, 4 bits: normal e4m3
+#: from 2^-6) at 2^-6; e3m2 (0.0625 .. 28, 3 bits) at 2^-5.
+FP8_SPREAD = {"mxfp4": 8, "mxfp6_e2m3": 6, "mxfp6_e3m2": 5}
+
+
+def _block_codes(codes, fmt: str, n: int, k: int):
+  """Kernel scale codes (S, KS, nb * 16) -> (N, ceil(K / block)) (padding blocks dropped)."""
+  s_, ks = codes.shape[:2]
+  bk = _BLOCK_K[fmt]
+  nb = TILE_K // bk
+  c = codes.reshape(s_, ks, nb, 8, 2).transpose(0, 4, 3, 1, 2).reshape(n, ks * nb)
+  return c[:, :-(-k // bk)].astype(jnp.int32)
+
+
+def row_exponents(w: PackedWeight):
+  """(N,) int32: per row, the largest E8M0 block-scale code of an MX weight (poisoned blocks
+  ignored). The FP8 route stores ``w * 2^(127 - e)`` in e4m3 and scales the GEMM's output
+  channel by ``2^(e - 127)``."""
+  if w.format not in FP8_SPREAD:
+    raise ValueError(f"row_exponents: {w.format} has no FP8 view (MX formats only: {tuple(FP8_SPREAD)})")
+  return _row_exp_impl(w.scales, w.format, w.n, w.k)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3))
+def _row_exp_impl(codes, fmt: str, n: int, k: int):
+  c = _block_codes(codes, fmt, n, k)
+  return jnp.max(jnp.where(c > _MX_MAX_CODE[fmt], 0, c), axis=1)
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3, 4))
+def _fp8_exact_impl(data, codes, fmt: str, n: int, k: int):
+  """True when every nonzero block's scale code is within FP8_SPREAD of its row's maximum."""
+  c = _block_codes(codes, fmt, n, k)
+  emax = jnp.max(jnp.where(c > _MX_MAX_CODE[fmt], 0, c), axis=1, keepdims=True)
+  bk = _BLOCK_K[fmt]
+  nblk = c.shape[1]
+  d = data[:, :k].astype(jnp.float32)
+  d = jnp.pad(d, ((0, 0), (0, nblk * bk - k)))
+  nonzero = jnp.any(d.reshape(n, nblk, bk) != 0, axis=-1)
+  ok = (c >= emax - FP8_SPREAD[fmt]) | ~nonzero | (c > _MX_MAX_CODE[fmt])
+  return jnp.all(ok)
+
+
+def fp8_exact(w: PackedWeight) -> Optional[bool]:
+  """Whether the FP8 route (``weightonly_gemm(..., path="fp8")``) multiplies exactly this weight
+  (see :class:`PackedWeight`)."""
+  return w.fp8_exact
 
 
 @functools.partial(jax.jit, static_argnums=(2, 3, 4))
@@ -286,6 +368,11 @@ def _prepare_impl(data, scales, fmt: str, n: int, k: int):
     u = jax.lax.bitcast_convert_type(sc, jnp.uint8).astype(jnp.int32)
     lim = _MX_MAX_CODE[fmt]
     c = jnp.where(u == 255, lim + 1, jnp.minimum(u, lim))
+    # An all-zero block takes the smallest code (any scale multiplies zeros), so that it never
+    # sets its row's largest exponent (row_exponents, the FP8 route).
+    d = jnp.pad(data.astype(jnp.float32)[:, :k], ((0, 0), (0, kp - k)))
+    zero = ~jnp.any(d.reshape(n, kp // bk, bk) != 0, axis=-1)
+    c = jnp.where(zero & (u != 255), 0, c)
   codes = jnp.pad(codes, ((0, 0), (0, kp - k)))
   nb = TILE_K // bk  # scale blocks per tile
   cc = c.astype(jnp.uint8).reshape(s_, 2, 8, ks, nb).transpose(0, 3, 4, 2, 1).reshape(s_, ks, nb * 16)
@@ -447,6 +534,59 @@ def _cuda_lowering(ctx, x, x_scale, packed, scales, global_scale, bias, *, fmt, 
 mlir.register_lowering(weightonly_gemm_p, _cuda_lowering, platform="cuda")
 
 
+# -- unpack: the prepared layout -> a plain (N, Kp) bf16 or FP8 matrix (the prefill path) ------
+
+UNPACK_TARGET = "jax_gmma_weightonly_unpack"
+
+
+def unpack_reference(packed, scales, row_exp, *, fmt, n, kp, out_dtype):
+  """The weight as a row-major (N, Kp) matrix without NVFP4's global scale: bfloat16 (exact:
+  code times block scale), or float8_e4m3fn ``w * 2^(127 - row_exp[r])`` (exact where
+  :data:`FP8_SPREAD` allows; non-finite -> NaN)."""
+  w = _dequant_impl(packed, scales, jnp.ones((1,), jnp.float32), fmt, n, kp)
+  if np.dtype(out_dtype) == shapes.BF16:
+    return w.astype(jnp.bfloat16)
+  w = jnp.ldexp(w, (127 - row_exp).reshape(n, 1))
+  return jnp.where(jnp.isfinite(w), w, jnp.nan).astype(out_dtype)
+
+
+weightonly_unpack_p = Primitive("jax_gmma_weightonly_unpack")
+weightonly_unpack_p.def_impl(functools.partial(dispatch.apply_primitive, weightonly_unpack_p))
+weightonly_unpack_p.def_abstract_eval(
+    lambda packed, *_, n, kp, out_dtype, **__: ShapedArray((n, kp), out_dtype))
+mlir.register_lowering(weightonly_unpack_p, mlir.lower_fun(unpack_reference, multiple_results=False))
+
+
+def _unpack_cuda_lowering(ctx, packed, scales, row_exp, *, fmt, n, kp, out_dtype):
+  if _backend.check_cuda_kernels("weightonly_unpack") is None:
+    return mlir.lower_fun(unpack_reference, multiple_results=False)(
+        ctx, packed, scales, row_exp, fmt=fmt, n=n, kp=kp, out_dtype=out_dtype)
+  _backend.register_targets()
+  return jax.ffi.ffi_lowering(UNPACK_TARGET)(ctx, packed, scales, row_exp,
+                                             scale_kind=np.int32(_SCALE_KIND[fmt]))
+
+
+mlir.register_lowering(weightonly_unpack_p, _unpack_cuda_lowering, platform="cuda")
+
+
+def unpack(w: PackedWeight, dtype=jnp.bfloat16, row_exp=None) -> jax.Array:
+  """The (N, Kp) weight of ``w`` (Kp = K rounded up to 64; zero columns past K), without NVFP4's
+  global scale, in one pass over the prepared bytes (a CUDA kernel on Hopper, else JAX).
+
+  dtype: bfloat16 (exact for every format), or float8_e4m3fn for MX formats: row r holds
+  ``w[r] * 2^(127 - row_exp[r])`` (``row_exp`` defaults to :func:`row_exponents`), exact when
+  ``w.fp8_exact``."""
+  dt = np.dtype(jnp.dtype(dtype))
+  if dt == shapes.BF16:
+    re = jnp.zeros((1,), jnp.int32)
+  elif dt == E4M3:
+    re = row_exponents(w) if row_exp is None else jnp.asarray(row_exp, jnp.int32).reshape(w.n)
+  else:
+    raise TypeError(f"jax_gmma.weightonly.unpack: dtype must be bfloat16 or float8_e4m3fn, got {dt.name}")
+  return weightonly_unpack_p.bind(w.packed, w.scales, re, fmt=w.format, n=w.n, kp=w.padded_k,
+                                  out_dtype=dt)
+
+
 def pick_tile(m: int, n: int) -> tuple:
   """(rows per CTA, tokens per CTA) the kernel uses for (M, N) (mirrors weightonly_pick)."""
   tokens = 8 if m <= 8 else 16
@@ -456,28 +596,44 @@ def pick_tile(m: int, n: int) -> tuple:
   return rows, tokens
 
 
-#: ``path="auto"`` takes the dequantize + bf16 GEMM path from this many tokens (M) on: the
-#: decode kernel re-reads the weights per 16 tokens, so its time grows with M, while the
-#: dequantize path pays one pass over the weights and then runs at bf16 tensor-core speed.
-#: Measured on the H200 (benchmarks/results/2026-11-29-h200/session4/weightonly_prefill, NVFP4,
-#: us): M = 64: kernel 85 / 271, dequant 247 / 816 (N x K = 8192 x 8192 / 28672 x 8192);
-#: M = 256: kernel 306 / 1045, dequant 261 / 885. The dequantize fusion itself costs ~160 us
-#: per 8192 x 8192 weight (XLA's bit extraction), which is what sets the switch this high.
-PREFILL_MIN_M = 256
-PATHS = ("auto", "kernel", "dequant")
+#: ``path="auto"`` takes a prefill path (:func:`unpack` + a tensor-core GEMM) from this many
+#: tokens (M) on: the decode kernel re-reads the weights per 16 tokens, so its time grows with
+#: M, while the prefill paths pay one pass over the weights (the unpack kernel, ~3.5 TB/s) and
+#: then run at tensor-core speed. Measured on the H200 (benchmarks/results/2026-11-29-h200/
+#: session5/weightonly_prefill_switch, NVFP4, us, N x K = 8192 x 8192 / 28672 x 8192):
+#: M = 64: kernel 116 / 269, bf16 prefill path 98 / 285; M = 128: kernel 157 / 527, prefill
+#: 100 / 294; M = 256: kernel 304 / 1035, prefill 115 / 355.
+PREFILL_MIN_M = 128
+PATHS = ("auto", "kernel", "dequant", "fp8")
+
+
+def _pad_k(x2, w: PackedWeight):
+  """x (M, K) -> (M, Kp) with zero columns (the prepared weight's padding is zero)."""
+  return x2 if w.padded_k == w.k else jnp.pad(x2, ((0, 0), (0, w.padded_k - w.k)))
 
 
 def _dequant_gemm(x2, xs, w: PackedWeight, b, *, out_dtype, has_x_scale: bool, has_bias: bool):
-  """The prefill path: the weight dequantized once to bfloat16 *without* its NVFP4 global scale
-  (each element is a code times its block scale: at most 5 significant bits, exact in bf16),
-  one bf16 x bf16 -> float32 GEMM (XLA: cuBLAS / Triton tensor cores), then global scale, token
-  scales and bias in float32. Same exact operands as the kernel; only the float32 summation
-  order differs."""
-  wb = _dequant_impl(w.packed, w.scales, jnp.ones((1,), jnp.float32), w.format, w.n, w.k)
-  acc = jax.lax.dot_general(x2, wb.astype(jnp.bfloat16), (((1,), (1,)), ((), ())),
+  """The bf16 prefill path: the weight unpacked once to bfloat16 *without* its NVFP4 global
+  scale (each element is a code times its block scale: at most 5 significant bits, exact in
+  bf16), one bf16 x bf16 -> float32 GEMM (XLA: cuBLAS / Triton tensor cores), then global scale,
+  token scales and bias in float32. Same exact operands as the kernel; only the float32
+  summation order differs."""
+  wb = unpack(w, jnp.bfloat16)
+  acc = jax.lax.dot_general(_pad_k(x2, w), wb, (((1,), (1,)), ((), ())),
                             preferred_element_type=jnp.float32)
   return _epilogue(acc * w.global_scale.reshape(()), xs, b, out_dtype=out_dtype,
                    has_x_scale=has_x_scale, has_bias=has_bias)
+
+
+def _fp8_gemm_route(x8, xs, w: PackedWeight, bias, *, out_dtype, has_x_scale: bool):
+  """The FP8 prefill path (MX weights with ``fp8_exact``, FP8 activations): the weight unpacked
+  to e4m3 with one power-of-two scale per row (exact), then jax-gmma's FP8 GEMM with per-token
+  and per-channel scales (two-level accumulation: float32 every 128 of K)."""
+  from .ops import fp8_gemm  # noqa: PLC0415
+  e = row_exponents(w)
+  w8 = unpack(w, E4M3, row_exp=e)
+  ws = jnp.ldexp(jnp.ones((w.n,), jnp.float32), e - 127)
+  return fp8_gemm(_pad_k(x8, w), w8, xs if has_x_scale else None, ws, bias=bias, out_dtype=out_dtype)
 
 
 def weightonly_gemm(x, w: PackedWeight, *, x_scale=None, bias=None, out_dtype=None,
@@ -493,13 +649,18 @@ def weightonly_gemm(x, w: PackedWeight, *, x_scale=None, bias=None, out_dtype=No
     out_dtype: bfloat16 (default) or float32.
     rows, tokens: force the kernel's CTA shape (rows in 16/32/64, tokens in 8/16); implies
       ``path="kernel"``.
-    path: "kernel" (the weight-only decode kernel), "dequant" (the prefill path: dequantize the
-      weight to bf16 once per call, then a bf16 tensor-core GEMM with float32 accumulation), or
-      "auto" (default): "dequant" when M >= :data:`PREFILL_MIN_M`, else "kernel".
+    path: "kernel" (the weight-only decode kernel), "dequant" (a prefill path: unpack the
+      weight to bf16 once per call, then a bf16 tensor-core GEMM with float32 accumulation),
+      "fp8" (the other prefill path, for FP8 x and MX weights whose ``fp8_exact`` is True: unpack
+      the weight to FP8 e4m3 with a power-of-two scale per row -- exact -- then jax-gmma's FP8
+      GEMM with per-token x per-channel scales), or "auto" (default): "kernel" when
+      M < :data:`PREFILL_MIN_M`, else "fp8" where it applies, else "dequant".
 
   The kernel is built for decode (M up to 16, where it streams the weights at HBM speed); it
-  is correct for any M but re-reads the weights per 16 tokens, so large M goes to the dequant
-  path. Both use the same exact bf16 operands and accumulate in float32.
+  is correct for any M but re-reads the weights per 16 tokens, so large M goes to a prefill
+  path. All paths multiply the same exact operands; the bf16 ones accumulate in float32, the
+  FP8 GEMM in the tensor cores' narrower accumulator within each 128 of K and in float32 across
+  them (float32 outputs agree with a float64 reference to ~1e-4 instead of ~1e-6).
   """
   who = "jax_gmma.weightonly_gemm"
   if not isinstance(w, PackedWeight):
@@ -524,8 +685,28 @@ def weightonly_gemm(x, w: PackedWeight, *, x_scale=None, bias=None, out_dtype=No
   if path == "dequant" and (rows is not None or tokens is not None):
     raise ValueError(f"{who}: rows / tokens choose the kernel's CTA shape; they do not apply to "
                      "path='dequant'")
+  fp8_ok = xdt != shapes.BF16 and w.fp8_exact is True
+  if path == "fp8":
+    if rows is not None or tokens is not None:
+      raise ValueError(f"{who}: rows / tokens choose the kernel's CTA shape; they do not apply to "
+                       "path='fp8'")
+    if xdt == shapes.BF16:
+      raise ValueError(f"{who}: path='fp8' multiplies FP8 activations (x float8_e4m3fn / "
+                       "float8_e5m2); x is bfloat16 (use path='dequant', or quantize x)")
+    if w.format not in FP8_SPREAD:
+      raise ValueError(f"{who}: path='fp8' takes MX weights {tuple(FP8_SPREAD)}; {w.format}'s e4m3 "
+                       "block scales times e2m1 codes are not FP8 numbers (use path='dequant')")
+    if w.fp8_exact is not True:
+      why = ("unknown: w was prepared under a trace (prepare it outside jax.jit)"
+             if w.fp8_exact is None else
+             f"False: some row's block scales span more than 2^{FP8_SPREAD[w.format]}")
+      raise ValueError(f"{who}: path='fp8' needs w.fp8_exact (the weight exactly FP8 with a "
+                       f"power-of-two scale per row); it is {why}. Use path='dequant'")
   if path == "auto":
-    path = "kernel" if (m < PREFILL_MIN_M or rows is not None or tokens is not None) else "dequant"
+    if m < PREFILL_MIN_M or rows is not None or tokens is not None:
+      path = "kernel"
+    else:
+      path = "fp8" if fp8_ok else "dequant"
   prow, ptok = pick_tile(m, w.n)
   rows = prow if rows is None else rows
   tokens = ptok if tokens is None else tokens
@@ -534,6 +715,7 @@ def weightonly_gemm(x, w: PackedWeight, *, x_scale=None, bias=None, out_dtype=No
   if tokens not in TOKENS_CHOICES:
     raise ValueError(f"{who}: tokens must be one of {TOKENS_CHOICES}, got {tokens}")
   x2 = x.reshape(m, w.k)
+  x8 = x2
   if xdt != shapes.BF16:
     x2 = x2.astype(jnp.bfloat16)  # exact for e4m3 / e5m2
   if x_scale is not None:
@@ -552,13 +734,15 @@ def weightonly_gemm(x, w: PackedWeight, *, x_scale=None, bias=None, out_dtype=No
     b = b.astype(out_dtype)
   else:
     b = jnp.zeros((1,), out_dtype)
+  if path == "fp8":
+    out = _fp8_gemm_route(x8, xs, w, None if bias is None else b, out_dtype=out_dtype,
+                          has_x_scale=x_scale is not None)
+    return out.reshape(*lead, w.n)
   if path == "dequant":
     out = _dequant_gemm(x2, xs, w, b, out_dtype=out_dtype, has_x_scale=x_scale is not None,
                         has_bias=bias is not None)
     return out.reshape(*lead, w.n)
-  if w.padded_k != w.k:  # the kernel reads whole 64-K tiles (zero weights past K)
-    x2 = jnp.pad(x2, ((0, 0), (0, w.padded_k - w.k)))
-  out = weightonly_gemm_p.bind(x2, xs, w.packed, w.scales, w.global_scale, b, fmt=w.format, n=w.n,
+  out = weightonly_gemm_p.bind(_pad_k(x2, w), xs, w.packed, w.scales, w.global_scale, b, fmt=w.format, n=w.n,
                                k=w.k, out_dtype=out_dtype, has_x_scale=x_scale is not None,
                                has_bias=bias is not None, rows=int(rows), tokens=int(tokens))
   return out.reshape(*lead, w.n)

@@ -30,13 +30,32 @@ def main():
       x = y
     return y
 
-  out = None
-  for _ in range(3):
-    out = np.asarray(chain(x0, wps).astype(jnp.float32))
-  assert np.isfinite(out).all() and np.abs(out).max() > 0
-  captured, eager = _backend.ext().capture_stats()
-  print(json.dumps({"chain": hashlib.sha256(out.tobytes()).hexdigest(), "captured": captured,
-                    "eager": eager}))
+  # The prefill paths (M >= PREFILL_MIN_M): unpack kernel + bf16 dot (all formats), and unpack
+  # to FP8 + jax-gmma's FP8 GEMM (MX formats), each in its own chain of 8.
+  def prefill(path, ws):
+    @jax.jit
+    def run(x, ws):
+      for i in range(8):
+        xin = x.astype(jnp.float8_e4m3fn) if path == "fp8" else x
+        x = jax_gmma.weightonly_gemm(xin, ws[i % len(ws)], path=path)
+      return x
+    return run
+
+  xp = jax.random.normal(kx, (wo.PREFILL_MIN_M, n), jnp.float32).astype(jnp.bfloat16)
+  stats = _backend.ext().capture_stats
+  res = {}
+  for name, fn, args in (("chain", chain, (x0, wps)),
+                         ("dequant", prefill("dequant", wps), (xp, wps)),
+                         ("fp8", prefill("fp8", wps[1:]), (xp, wps[1:]))):
+    c0, e0 = stats()
+    for _ in range(3):
+      out = np.asarray(fn(*args).astype(jnp.float32))
+    assert np.isfinite(out).all() and np.abs(out).max() > 0, name
+    c1, e1 = stats()
+    res[name] = hashlib.sha256(out.tobytes()).hexdigest()
+    res[name + "_captured"], res[name + "_eager"] = c1 - c0, e1 - e0
+  res["captured"], res["eager"] = stats()
+  print(json.dumps(res))
 
 
 if __name__ == "__main__":

@@ -231,6 +231,113 @@ def test_fp6_errors():
     jax_gmma.weightonly_gemm(jnp.ones((1, 128), jnp.bfloat16), wp)
 
 
+# -- unpack and the FP8 prefill route (CPU: the JAX lowering) ----------------------------------
+
+MX = ("mxfp4", "mxfp6_e2m3", "mxfp6_e3m2")
+
+
+def _check_unpack(wp):
+  """unpack() (bf16 always, e4m3 for MX) equals the float32 dequantization exactly."""
+  ref = np.asarray(wo.dequantize_packed(wp), np.float32) / np.float32(wp.global_scale[0])
+  kp = wp.padded_k
+  ref = np.pad(ref, ((0, 0), (0, kp - wp.k)))
+  ub = np.asarray(jax.jit(wo.unpack)(wp))
+  assert ub.dtype == jnp.bfloat16 and ub.shape == (wp.n, kp)
+  fin = np.isfinite(ref)
+  np.testing.assert_array_equal(ub.astype(np.float32)[fin], ref.astype(jnp.bfloat16).astype(np.float32)[fin])
+  assert not np.isfinite(ub.astype(np.float32)[~fin]).any()
+  if wp.format in MX:
+    e = np.asarray(wo.row_exponents(wp))
+    u8 = np.asarray(jax.jit(lambda w: wo.unpack(w, jnp.float8_e4m3fn))(wp))
+    assert u8.dtype == jnp.float8_e4m3fn
+    want = (ref * np.exp2(127.0 - e)[:, None])
+    if wp.fp8_exact:
+      np.testing.assert_array_equal(u8.astype(np.float32)[fin], want[fin])
+    assert np.isnan(u8.astype(np.float32)[~fin]).all()
+  return ub
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_unpack_reference_exact(fmt):
+  _, wp = _weights(fmt, 48, 200, seed=7)
+  _check_unpack(wp)
+
+
+@pytest.mark.parametrize("fmt", MX)
+def test_fp8_exact_flag(fmt):
+  L = wo.FP8_SPREAD[fmt]
+  rng = _rng(8)
+  base = rng.uniform(1, 2, (16, 128)).astype(np.float32) * np.where(rng.random((16, 128)) < .5, -1, 1)
+  for gap, want in ((L, True), (L + 1, False)):
+    w = base.copy()
+    w[3, 32:64] *= np.float32(2.0 ** -gap)  # one block 2^gap below the rest of its row
+    wp = wo.prepare(w, fmt)
+    assert wp.fp8_exact is want, (gap, wp)
+    assert int(wo.row_exponents(wp)[3]) == int(wo.row_exponents(wp)[2])
+    _check_unpack(wp)
+  w = base.copy()
+  w[5, :32] = 0  # an all-zero block does not count
+  w[5, 32:64] *= np.float32(2.0 ** -(L - 1))
+  assert wo.prepare(w, fmt).fp8_exact is True
+  assert jax.jit(lambda w: wo.prepare(w, fmt).packed)(base).shape[0] == 1  # traceable
+  seen = []
+  jax.jit(lambda w: seen.append(wo.prepare(w, fmt).fp8_exact) or 0)(base)
+  assert seen == [None]
+  assert wo.prepare(base, "nvfp4").fp8_exact is False
+
+
+@pytest.mark.parametrize("fmt", MX)
+@pytest.mark.parametrize("xdt", [jnp.float8_e4m3fn, jnp.float8_e5m2])
+def test_fp8_route_matches_float64(fmt, xdt):
+  rng = _rng(9)
+  n, k, m = 48, 200, 260
+  w = rng.standard_normal((n, k)).astype(np.float32) * np.exp(rng.uniform(-3, 3, (n, 1)))
+  wp = wo.prepare(w, fmt)
+  assert wp.fp8_exact
+  x = jnp.asarray(rng.standard_normal((m, k)), xdt)
+  xs = jnp.asarray(rng.uniform(0.5, 2, m), jnp.float32)
+  bias = jnp.asarray(rng.standard_normal(n), jnp.float32)
+  ref = (np.asarray(x.astype(jnp.float32), np.float64) @ np.asarray(wo.dequantize_packed(wp), np.float64).T
+         * np.asarray(xs, np.float64)[:, None] + np.asarray(bias, np.float64))
+  # The JAX lowering sums in float32; Hopper's FP8 tensor cores keep fewer bits inside each
+  # 128-K chunk before the kernel promotes the partial sum to float32 (measured ~1e-4).
+  tol = 1e-6 if jax.default_backend() == "cpu" else 3e-4
+  for path in ("fp8", "auto"):
+    f = jax.jit(lambda x, wp, xs, b, path=path: jax_gmma.weightonly_gemm(
+        x, wp, x_scale=xs, bias=b, out_dtype=jnp.float32, path=path))
+    out = np.asarray(f(x, wp, xs, bias), np.float64)
+    assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < tol, path
+  text = str(jax.make_jaxpr(lambda x, wp: jax_gmma.weightonly_gemm(x, wp))(x, wp))
+  assert "jax_gmma_weightonly_unpack" in text and "fp8_gemm" in text
+  text = str(jax.make_jaxpr(lambda x, wp: jax_gmma.weightonly_gemm(x, wp))(x.astype(jnp.bfloat16), wp))
+  assert "jax_gmma_weightonly_unpack" in text and "fp8_gemm" not in text and "dot_general" in text
+  text = str(jax.make_jaxpr(lambda x, wp: jax_gmma.weightonly_gemm(x, wp))(x[:wo.PREFILL_MIN_M - 1], wp))
+  assert "jax_gmma_weightonly_gemm" in text and "unpack" not in text
+
+
+def test_fp8_route_errors():
+  w = np.random.default_rng(1).standard_normal((32, 128)).astype(np.float32)
+  x8 = jnp.ones((300, 128), jnp.float8_e4m3fn)
+  with pytest.raises(ValueError, match="path='fp8' takes MX weights"):
+    jax_gmma.weightonly_gemm(x8, wo.prepare(w, "nvfp4"), path="fp8")
+  wp = wo.prepare(w, "mxfp4")
+  with pytest.raises(ValueError, match="x is bfloat16"):
+    jax_gmma.weightonly_gemm(x8.astype(jnp.bfloat16), wp, path="fp8")
+  with pytest.raises(ValueError, match="do not apply to path='fp8'"):
+    jax_gmma.weightonly_gemm(x8, wp, path="fp8", rows=16)
+  w2 = w.copy()
+  w2[0, :32] *= 2.0 ** -12
+  bad = wo.prepare(w2, "mxfp4")
+  with pytest.raises(ValueError, match="fp8_exact.*False"):
+    jax_gmma.weightonly_gemm(x8, bad, path="fp8")
+  text = str(jax.make_jaxpr(lambda x, wp: jax_gmma.weightonly_gemm(x, wp))(x8, bad))
+  assert "fp8_gemm" not in text  # auto: the bf16 prefill path for a weight that is not exact
+  with pytest.raises(TypeError, match="bfloat16 or float8_e4m3fn"):
+    wo.unpack(wp, jnp.float32)
+  with pytest.raises(ValueError, match="MX formats only"):
+    wo.row_exponents(wo.prepare(w, "nvfp4"))
+
+
 def test_pick_tile():
   assert wo.pick_tile(1, 8192) == (16, 8)
   assert wo.pick_tile(16, 8192) == (32, 16)
@@ -275,7 +382,9 @@ def _check(fmt, m, n, k, seed, out_dtype=jnp.bfloat16, x_kind="bf16", bias=False
   got = out[rows_]
   assert np.isfinite(got).all()
   err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
-  tol = 8e-3 if out_dtype == jnp.bfloat16 else 1e-5
+  # float32 output: 1e-5 for the bf16 mma / GEMM paths; the FP8 tensor cores of path="fp8"
+  # accumulate each 128-K chunk in fewer bits before promoting it to float32 (~1e-4).
+  tol = 8e-3 if out_dtype == jnp.bfloat16 else (3e-4 if path == "fp8" else 1e-5)
   assert err < tol, (fmt, m, n, k, err)
   return err
 
@@ -291,21 +400,38 @@ def test_kernel_shapes(fmt, m, n, k):
   _check(fmt, m, n, k, seed=m + n + k, out_dtype=jnp.float32)
 
 
+PATHS = [(f, p) for f in FORMATS for p in ("kernel", "dequant", "fp8") if p != "fp8" or f in MX]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("path", ["kernel", "dequant"])
+@pytest.mark.parametrize("fmt,path", PATHS)
 def test_kernel_prefill_m4096(fmt, path):
-  _check(fmt, 4096, 4096, 4096, seed=11, path=path)
+  _check(fmt, 4096, 4096, 4096, seed=11, path=path, x_kind="fp8" if path == "fp8" else "bf16")
+  if path != "kernel":
+    _check(fmt, 4096, 28672, 8192, seed=12, path=path, x_kind="fp8")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt,path", PATHS)
+def test_both_paths_at_the_switch(fmt, path):
+  # M = 128 is the switch (test_kernel_shapes runs M = 128 on the default path); both must be
+  # right there, and with FP8 activations, token scales, bias and K not a multiple of 64.
+  if path != "fp8":
+    _check(fmt, 128, 8192, 8192, seed=21, out_dtype=jnp.float32, path=path)
+  _check(fmt, wo.PREFILL_MIN_M, 1024, 2048, seed=22, x_kind="fp8", bias=True, path=path)
+  _check(fmt, 300, 256, 200, seed=23, x_kind="fp8", bias=True, path=path, out_dtype=jnp.float32)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("path", ["kernel", "dequant"])
-def test_both_paths_at_the_switch(fmt, path):
-  # M = 128 takes the dequant path by default (test_kernel_shapes); the kernel must stay right
-  # there, and the dequant path must also be right with FP8 activations, token scales and bias.
-  _check(fmt, 128, 8192, 8192, seed=21, out_dtype=jnp.float32, path=path)
-  _check(fmt, wo.PREFILL_MIN_M, 1024, 2048, seed=22, x_kind="fp8", bias=True, path=path)
+@pytest.mark.parametrize("n,k", [(16, 64), (48, 200), (8192, 8192)])
+def test_unpack_kernel_exact(fmt, n, k):
+  """The CUDA unpack kernel (bf16; e4m3 for MX) equals the JAX dequantization bit for bit,
+  poisoned blocks included (bf16: non-finite; e4m3: NaN)."""
+  w, _ = _weights(fmt, n, k, seed=n + k)
+  w[n // 2, 40] = np.inf  # a poisoned block
+  wp = wo.prepare(jnp.asarray(w), fmt)
+  _check_unpack(wp)
 
 
 @pytest.mark.gpu
@@ -353,7 +479,13 @@ def test_kernel_nan_propagates(fmt):
 def test_command_buffers_bit_identical_and_captured():
   runs = command_buffer_runs([child_script("cmdbuf_weightonly_child.py")])
   off, default, forced = runs["off"], runs["default"], runs["forced"]
-  assert default["chain"] == off["chain"] and forced["chain"] == off["chain"]
+  for name in ("chain", "dequant", "fp8"):
+    assert default[name] == off[name] and forced[name] == off[name], name
   assert off["captured"] == 0 and off["eager"] > 0
-  assert default["captured"] >= 32, default
-  assert forced["captured"] >= 32, forced
+  # Every decode GEMM of the 32-call chain is captured, with the default flags and forced.
+  assert default["chain_captured"] >= 32, default
+  assert forced["chain_captured"] >= 32, forced
+  # The prefill chains (8 unpacks + 8 bf16 GEMMs; 8 unpacks + 8 FP8 GEMMs): XLA decides which
+  # thunks go into command buffers; the unpack handler must be among the captured ones.
+  print({k: v for k, v in forced.items() if k.endswith(("_captured", "_eager"))})
+  assert forced["dequant_captured"] >= 1 and forced["fp8_captured"] >= 1, forced
