@@ -21,6 +21,12 @@ ORIG=$REPO  # the carried checkout (.minilm/, .whl/ for the MiniLM example live 
 OUT=${OUT:-/tmp/jax_gmma_out}
 MODE=${1:-tests}
 mkdir -p "$OUT"
+# prebuilt/libjax_gmma_cuda.so.xz (the library xz-compressed: 16 MB -> 1 MB, which leaves the
+# 64 MiB carry room for .minilm/): unpacked here when the .so itself was not carried.
+if [ -f "$REPO/prebuilt/libjax_gmma_cuda.so.xz" ] && [ ! -f "$REPO/prebuilt/libjax_gmma_cuda.so" ]; then
+  python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" \
+    "$REPO/prebuilt/libjax_gmma_cuda.so.xz" "$REPO/prebuilt/libjax_gmma_cuda.so"
+fi
 # prebuilt/src.tar: the source tree the prebuilt library was built from (so the extension and
 # the Python side match the library even while the checkout moves on); used when present.
 if [ -f "$REPO/prebuilt/src.tar" ]; then
