@@ -13,7 +13,7 @@ def weightonly_path(devs) -> str:
   """How the FP4/FP6 weight-only GEMM (``weightonly_gemm``, ``dot`` on a PackedWeight; target
   ``jax_gmma_weightonly_gemm``) runs here: the sm_90a kernel on Hopper with the library built,
   else the pure-JAX reference (an error on a CUDA GPU without the kernel, unless opted in)."""
-  from .weightonly import WEIGHTONLY_TARGET  # noqa: PLC0415
+  from .weightonly import PREFILL_MIN_M, UNPACK_TARGET, WEIGHTONLY_TARGET  # noqa: PLC0415
   if not devs:
     return "pure-JAX reference (no CUDA GPU)"
   try:
@@ -22,10 +22,12 @@ def weightonly_path(devs) -> str:
     return f"ERROR at trace time unless the reference is allowed: {err}"
   if dev is None:
     return "pure-JAX reference (opted in)"
-  if WEIGHTONLY_TARGET not in _registrations():
-    return (f"ERROR: the built library has no {WEIGHTONLY_TARGET} handler (an older library); "
-            "rebuild it")
-  return f"CUDA kernel (sm90a mma.sync, FP4 widened to bf16 in registers; XLA FFI {WEIGHTONLY_TARGET})"
+  for target in (WEIGHTONLY_TARGET, UNPACK_TARGET):
+    if target not in _registrations():
+      return f"ERROR: the built library has no {target} handler (an older library); rebuild it"
+  return (f"CUDA kernels (decode: sm90a mma.sync, FP4/FP6 widened to bf16 in registers, XLA FFI "
+          f"{WEIGHTONLY_TARGET}; M >= {PREFILL_MIN_M}: {UNPACK_TARGET} + a bf16 GEMM, or + "
+          "jax-gmma's FP8 GEMM for FP8 x and MX weights)")
 
 
 def quantize_path(devs) -> str:

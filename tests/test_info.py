@@ -45,7 +45,8 @@ class _FakeExt:
 _HOPPER = types.SimpleNamespace(compute_capability="9.0")
 
 
-@pytest.mark.parametrize("targets", [("jax_gmma_weightonly_gemm", "jax_gmma_fp8_quantize"), ()])
+@pytest.mark.parametrize("targets", [("jax_gmma_weightonly_gemm", "jax_gmma_weightonly_unpack",
+                                      "jax_gmma_fp8_quantize"), ()])
 def test_paths_on_hopper_with_kernels(monkeypatch, targets):
   """Hopper with the kernels built: the kernels, when the library has their handlers."""
   monkeypatch.setattr(_backend, "check_cuda_kernels", lambda op: _HOPPER)
@@ -60,6 +61,15 @@ def test_paths_on_hopper_with_kernels(monkeypatch, targets):
   else:  # an older library: the GEMM says it cannot run, quantize stays in JAX
     assert wo.startswith("ERROR") and "no jax_gmma_weightonly_gemm handler" in wo, wo
     assert qk.startswith("pure JAX") and "no jax_gmma_fp8_quantize handler" in qk, qk
+
+
+def test_weightonly_path_needs_the_unpack_handler(monkeypatch):
+  """A library with the decode GEMM but not the prefill unpack kernel is an older library."""
+  monkeypatch.setattr(_backend, "check_cuda_kernels", lambda op: _HOPPER)
+  monkeypatch.setattr(_backend, "kernels_built", lambda: True)
+  monkeypatch.setattr(_backend, "ext", lambda: _FakeExt(("jax_gmma_weightonly_gemm",)))
+  wo = info.weightonly_path([_HOPPER])
+  assert wo.startswith("ERROR") and "no jax_gmma_weightonly_unpack handler" in wo, wo
 
 
 def test_paths_on_gpu_without_kernels(monkeypatch):
