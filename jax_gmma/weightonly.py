@@ -202,7 +202,8 @@ class PackedWeight:
   power-of-two scale per row (:func:`fp8_exact`), so the prefill path may multiply it on FP8
   tensor cores without rounding anything (``path="fp8"``); False when not (and for NVFP4, whose
   e4m3 block scales times e2m1 codes need up to 5 significant bits); None when unknown (the
-  weight was prepared under a trace)."""
+  weight was prepared under a trace). It is static (it picks the path at trace time), so weights
+  stacked for ``lax.scan`` need equal flags: :meth:`with_fp8_exact` lowers one to False or None."""
 
   __slots__ = ("packed", "scales", "global_scale", "format", "n", "k", "fp8_exact")
 
@@ -223,6 +224,14 @@ class PackedWeight:
     obj.packed, obj.scales, obj.global_scale = children
     obj.format, obj.n, obj.k, obj.fp8_exact = aux
     return obj
+
+  def with_fp8_exact(self, flag: Optional[bool]) -> "PackedWeight":
+    """A copy with ``fp8_exact`` lowered to False or None (e.g. to stack weights whose flags
+    differ); raising it is refused: only :func:`prepare` can establish exactness."""
+    if flag is True and self.fp8_exact is not True:
+      raise ValueError("PackedWeight.with_fp8_exact: only prepare() can set fp8_exact=True")
+    return PackedWeight(self.packed, self.scales, self.global_scale, format=self.format, n=self.n,
+                        k=self.k, fp8_exact=flag)
 
   @property
   def padded_k(self) -> int:

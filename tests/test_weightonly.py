@@ -284,6 +284,15 @@ def test_fp8_exact_flag(fmt):
   jax.jit(lambda w: seen.append(wo.prepare(w, fmt).fp8_exact) or 0)(base)
   assert seen == [None]
   assert wo.prepare(base, "nvfp4").fp8_exact is False
+  # Stacking weights (lax.scan over layers) needs equal static flags: lower one to match.
+  good, bad = wo.prepare(base, fmt), wo.prepare(w * 0 + base * np.where(np.arange(128) < 32, 2.0 ** -20, 1), fmt)
+  assert good.fp8_exact is True and bad.fp8_exact is False
+  with pytest.raises(ValueError):
+    jax.tree_util.tree_map(lambda a, b: jnp.stack([a, b]), good, bad)
+  stacked = jax.tree_util.tree_map(lambda a, b: jnp.stack([a, b]), good.with_fp8_exact(False), bad)
+  assert stacked.fp8_exact is False and stacked.packed.shape[0] == 2
+  with pytest.raises(ValueError, match="only prepare"):
+    bad.with_fp8_exact(True)
 
 
 @pytest.mark.parametrize("fmt", MX)
