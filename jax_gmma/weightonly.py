@@ -199,7 +199,7 @@ class PackedWeight:
   Pytree children: (packed, scales, global_scale); static: (format name, n, k, fp8_exact).
 
   ``fp8_exact`` (MX formats): True when every weight is exactly an FP8 e4m3 number times a
-  power-of-two scale per row (:func:`fp8_exact`), so the prefill path may multiply it on FP8
+  power-of-two scale per row (:data:`FP8_SPREAD`), so the prefill path may multiply it on FP8
   tensor cores without rounding anything (``path="fp8"``); False when not (and for NVFP4, whose
   e4m3 block scales times e2m1 codes need up to 5 significant bits); None when unknown (the
   weight was prepared under a trace). It is static (it picks the path at trace time), so weights
@@ -289,12 +289,9 @@ def prepare(w, format: Optional[str] = None) -> PackedWeight:
       big = {"mxfp4": 12288, "mxfp6_e2m3": 15 * 2 ** 11, "mxfp6_e3m2": 2 ** 18}[fmt]
       raise ValueError(f"{who}: {int(bad.sum())} {fmt.upper()} block scales exceed 2^{lim - 127}, the "
                        f"kernel's exact range (weights of magnitude {big} or more)")
-  packed, codes = _prepare_impl(w.data, scales, fmt, n, k)
+  packed, codes, exact = _prepare_impl(w.data, scales, fmt, n, k)
   g = w.global_scale if w.global_scale is not None else jnp.ones((), jnp.float32)
-  exact = False
-  if fmt in FP8_SPREAD:
-    traced = any(isinstance(a, jax.core.Tracer) for a in (w.data, codes))
-    exact = None if traced else bool(jax.device_get(_fp8_exact_impl(w.data, codes, fmt, n, k)))
+  exact = None if isinstance(exact, jax.core.Tracer) else bool(jax.device_get(exact))
   return PackedWeight(packed, codes, jnp.reshape(g, (1,)).astype(jnp.float32), format=fmt, n=n, k=k,
                       fp8_exact=exact)
 
@@ -326,30 +323,14 @@ def row_exponents(w: PackedWeight):
   return _row_exp_impl(w.scales, w.format, w.n, w.k)
 
 
+def _row_max(c, fmt: str, keepdims: bool = False):
+  """Per row, the largest of (N, blocks) MX scale codes, poisoned blocks (code > max) ignored."""
+  return jnp.max(jnp.where(c > _MX_MAX_CODE[fmt], 0, c), axis=1, keepdims=keepdims)
+
+
 @functools.partial(jax.jit, static_argnums=(1, 2, 3))
 def _row_exp_impl(codes, fmt: str, n: int, k: int):
-  c = _block_codes(codes, fmt, n, k)
-  return jnp.max(jnp.where(c > _MX_MAX_CODE[fmt], 0, c), axis=1)
-
-
-@functools.partial(jax.jit, static_argnums=(2, 3, 4))
-def _fp8_exact_impl(data, codes, fmt: str, n: int, k: int):
-  """True when every nonzero block's scale code is within FP8_SPREAD of its row's maximum."""
-  c = _block_codes(codes, fmt, n, k)
-  emax = jnp.max(jnp.where(c > _MX_MAX_CODE[fmt], 0, c), axis=1, keepdims=True)
-  bk = _BLOCK_K[fmt]
-  nblk = c.shape[1]
-  d = data[:, :k].astype(jnp.float32)
-  d = jnp.pad(d, ((0, 0), (0, nblk * bk - k)))
-  nonzero = jnp.any(d.reshape(n, nblk, bk) != 0, axis=-1)
-  ok = (c >= emax - FP8_SPREAD[fmt]) | ~nonzero | (c > _MX_MAX_CODE[fmt])
-  return jnp.all(ok)
-
-
-def fp8_exact(w: PackedWeight) -> Optional[bool]:
-  """Whether the FP8 route (``weightonly_gemm(..., path="fp8")``) multiplies exactly this weight
-  (see :class:`PackedWeight`)."""
-  return w.fp8_exact
+  return _row_max(_block_codes(codes, fmt, n, k), fmt)
 
 
 @functools.partial(jax.jit, static_argnums=(2, 3, 4))
@@ -364,6 +345,7 @@ def _prepare_impl(data, scales, fmt: str, n: int, k: int):
     pad_val = jnp.asarray(1.0, jnp.float32).astype(sc.dtype)
     sc = jnp.concatenate([sc, jnp.full((n, kp // bk - sc.shape[1]), pad_val, sc.dtype)], axis=1)
   sc = sc[:, :kp // bk]
+  exact = jnp.asarray(False)  # NVFP4: no FP8 view
   if fmt == "nvfp4":
     s32 = sc.astype(jnp.float32)
     f = (s32 * np.float32(2.0 ** 116)).astype(jnp.bfloat16)
@@ -382,11 +364,17 @@ def _prepare_impl(data, scales, fmt: str, n: int, k: int):
     d = jnp.pad(data.astype(jnp.float32)[:, :k], ((0, 0), (0, kp - k)))
     zero = ~jnp.any(d.reshape(n, kp // bk, bk) != 0, axis=-1)
     c = jnp.where(zero & (u != 255), 0, c)
+    # fp8_exact: every block that holds weights (not all zero, not poisoned) within FP8_SPREAD
+    # of its row's largest code -- the row_exponents the FP8 route will read from these codes.
+    nblk = -(-k // bk)
+    cv = c[:, :nblk]
+    exact = jnp.all((cv >= _row_max(cv, fmt, keepdims=True) - FP8_SPREAD[fmt]) | zero[:, :nblk]
+                    | (cv > lim))
   codes = jnp.pad(codes, ((0, 0), (0, kp - k)))
   nb = TILE_K // bk  # scale blocks per tile
   cc = c.astype(jnp.uint8).reshape(s_, 2, 8, ks, nb).transpose(0, 3, 4, 2, 1).reshape(s_, ks, nb * 16)
   if fmt in FP6_FORMATS:
-    return _pack_fp6(codes, fmt, s_, ks), cc
+    return _pack_fp6(codes, fmt, s_, ks), cc, exact
   # (s, h, g, j, t, q, kk) -> (s, j, g, t, q, h*4+kk), then each code's 4 bits to _BITS.
   c7 = codes.reshape(s_, 2, 8, ks, 4, 4, 4).transpose(0, 3, 2, 4, 5, 1, 6).reshape(s_, ks, 8, 4, 4, 8)
   words = jnp.zeros(c7.shape[:-1], jnp.uint32)
@@ -395,7 +383,7 @@ def _prepare_impl(data, scales, fmt: str, n: int, k: int):
     for src, dst in zip((3, 2, 1, 0), pos):
       words = words | (((code >> src) & 1) << dst)
   packed = jax.lax.bitcast_convert_type(words, jnp.uint8).reshape(s_, ks, 512)
-  return packed, cc
+  return packed, cc, exact
 
 
 def _fp6_slot(grp: int, e: int) -> tuple:
