@@ -25,6 +25,22 @@ ffi::Error bad(std::string msg) {
   return ffi::Error(ffi::ErrorCode::kInvalidArgument, "jax_gmma_weightonly_gemm: " + msg);
 }
 
+// The prepared weight both handlers take: uint8 codes and scale codes of an (N, K) weight
+// (K the padded K) in format scale_kind. nullptr when they match, else the reason.
+const char* check_prepared(const ffi::AnyBuffer& w_packed, const ffi::AnyBuffer& w_scales,
+                           int32_t scale_kind, int64_t n, int64_t k) {
+  if (w_packed.element_type() != ffi::DataType::U8 || w_scales.element_type() != ffi::DataType::U8)
+    return "w_packed and w_scales must be uint8";
+  if (scale_kind < 0 || scale_kind > static_cast<int32_t>(WoScale::kMx6E3M2))
+    return "scale_kind must be 0 (nvfp4), 1 (mxfp4), 2 (mxfp6_e2m3) or 3 (mxfp6_e3m2)";
+  const int64_t sb = weightonly_scale_bytes(static_cast<WoScale>(scale_kind));
+  const int64_t tb = weightonly_tile_bytes(static_cast<WoScale>(scale_kind));
+  if (static_cast<int64_t>(w_packed.size_bytes()) != n / 16 * (k / 64) * tb ||
+      static_cast<int64_t>(w_scales.size_bytes()) != n / 16 * (k / 64) * sb)
+    return "prepared weight sizes do not match (N, K)";
+  return nullptr;
+}
+
 // Operands: x (M,K) bf16, x_scale f32 (M,) or (1,) (ignored unless has_x_scale), w_packed u8,
 // w_scales u8 (prepared layouts), w_global f32 (1,) (ignored unless has_global), bias (N,) in
 // the output dtype (ignored unless has_bias). Result: d (M,N) bf16 or f32.
@@ -41,15 +57,7 @@ ffi::Error WeightOnlyGemmImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuf
   if (dd[0] != m) return bad("shape mismatch");
   const bool f32 = d->element_type() == ffi::DataType::F32;
   if (!f32 && d->element_type() != ffi::DataType::BF16) return bad("d must be bfloat16 or float32");
-  if (w_packed.element_type() != ffi::DataType::U8 || w_scales.element_type() != ffi::DataType::U8)
-    return bad("w_packed and w_scales must be uint8");
-  if (scale_kind < 0 || scale_kind > static_cast<int32_t>(WoScale::kMx6E3M2))
-    return bad("scale_kind must be 0 (nvfp4), 1 (mxfp4), 2 (mxfp6_e2m3) or 3 (mxfp6_e3m2)");
-  const int64_t sb = weightonly_scale_bytes(static_cast<WoScale>(scale_kind));
-  const int64_t tb = weightonly_tile_bytes(static_cast<WoScale>(scale_kind));
-  if (static_cast<int64_t>(w_packed.size_bytes()) != n / 16 * (k / 64) * tb ||
-      static_cast<int64_t>(w_scales.size_bytes()) != n / 16 * (k / 64) * sb)
-    return bad("prepared weight sizes do not match (N, K)");
+  if (const char* why = check_prepared(w_packed, w_scales, scale_kind, n, k)) return bad(why);
   if (has_x_scale && (x_scale.element_type() != ffi::DataType::F32 ||
                       static_cast<int64_t>(x_scale.element_count()) != m))
     return bad("x_scale must be float32 (M,)");
@@ -103,17 +111,9 @@ ffi::Error WeightOnlyUnpackImpl(cudaStream_t stream, ffi::AnyBuffer w_packed,
   const bool fp8 = out->element_type() == ffi::DataType::F8E4M3FN;
   if (!fp8 && out->element_type() != ffi::DataType::BF16)
     return bad_unpack("out must be bfloat16 or float8_e4m3fn");
-  if (w_packed.element_type() != ffi::DataType::U8 || w_scales.element_type() != ffi::DataType::U8)
-    return bad_unpack("w_packed and w_scales must be uint8");
-  if (scale_kind < 0 || scale_kind > static_cast<int32_t>(WoScale::kMx6E3M2))
-    return bad_unpack("scale_kind must be 0 (nvfp4), 1 (mxfp4), 2 (mxfp6_e2m3) or 3 (mxfp6_e3m2)");
   if (n < 1 || k < 1 || n % 16 != 0 || k % 64 != 0)
     return bad_unpack("out must be (N, Kp) with N a multiple of 16 and Kp of 64");
-  const int64_t sb = weightonly_scale_bytes(static_cast<WoScale>(scale_kind));
-  const int64_t tb = weightonly_tile_bytes(static_cast<WoScale>(scale_kind));
-  if (static_cast<int64_t>(w_packed.size_bytes()) != n / 16 * (k / 64) * tb ||
-      static_cast<int64_t>(w_scales.size_bytes()) != n / 16 * (k / 64) * sb)
-    return bad_unpack("prepared weight sizes do not match (N, Kp)");
+  if (const char* why = check_prepared(w_packed, w_scales, scale_kind, n, k)) return bad_unpack(why);
   if (fp8 && (row_exp.element_type() != ffi::DataType::S32 ||
               static_cast<int64_t>(row_exp.element_count()) != n))
     return bad_unpack("row_exp must be int32 (N,) for float8 output");
