@@ -4,6 +4,12 @@
 // program, so in steady state every call site of a program hits its entry and a call only
 // enqueues the launch (and the split-K workspace memset).
 //
+// A hit costs one kernel launch, issued here with the grid computed when the entry was built
+// (plus, for stream-K/split-K, CUTLASS's workspace initialization: one memset of the reduction
+// flags). CUTLASS's own GemmUniversalAdapter::run() would also set a function attribute
+// (non-portable cluster size) on every call of a cluster kernel; our clusters are 2 CTAs, which
+// are portable, so nothing but the launch is needed.
+//
 // Set-associative (kSets x kWays entries, round-robin replacement within a set), so programs
 // with hundreds of GEMM call sites keep hitting; the first version was direct-mapped with 64
 // slots, where colliding call sites evict each other. (Measured on an H200 in a program of 32
@@ -13,6 +19,9 @@
 
 #include <cstdint>
 #include <memory>
+
+#include <cute/tensor.hpp>
+#include <cutlass/device_kernel.h>
 
 #include "jax_gmma/gemm_api.h"
 
@@ -34,6 +43,7 @@ struct ParamsCache {
   struct Entry {
     GemmArgs key;
     Params params;
+    dim3 grid;
     bool valid = false;
     bool needs_workspace_init = false;
   };
@@ -69,6 +79,55 @@ ParamsCache<typename GemmKernel::Params>& thread_params_cache() {
   thread_local std::unique_ptr<ParamsCache<typename GemmKernel::Params>> cache;
   if (!cache) cache.reset(new ParamsCache<typename GemmKernel::Params>());
   return *cache;
+}
+
+// One launch of CUTLASS's kernel entry point with cached Params and grid: block size and
+// dynamic shared memory are the kernel's constants (the shared-memory attribute was set once by
+// the KernelEntry's prepare()), the cluster shape a launch attribute when it has more than one CTA.
+template <class GemmKernel>
+cudaError_t launch_gemm_kernel(const typename GemmKernel::Params& params, dim3 grid,
+                               cudaStream_t stream) {
+  using Cluster = typename GemmKernel::DispatchPolicy::ClusterShape;
+  constexpr unsigned cx = cute::size<0>(Cluster{}), cy = cute::size<1>(Cluster{}),
+                     cz = cute::size<2>(Cluster{});
+  static_assert(cx * cy * cz <= 8, "clusters above 8 CTAs need the non-portable size attribute");
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = GemmKernel::get_block_shape();
+  cfg.dynamicSmemBytes = GemmKernel::SharedStorageSize;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  if constexpr (cx * cy * cz > 1) {
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = cx;
+    attr[0].val.clusterDim.y = cy;
+    attr[0].val.clusterDim.z = cz;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+  }
+  void* args[] = {const_cast<typename GemmKernel::Params*>(&params)};
+  return cudaLaunchKernelExC(&cfg, reinterpret_cast<const void*>(&cutlass::device_kernel<GemmKernel>),
+                             args);
+}
+
+// The run() of a CUTLASS sm90 GEMM KernelEntry: cached Params and grid for the argument set
+// (`same` is key equality, `make_arguments` builds CUTLASS Arguments from GemmArgs), the
+// stream-K workspace initialization where the kernel has a workspace, then the launch.
+template <class GemmKernel, class Same, class MakeArgs>
+cudaError_t run_cached(const GemmArgs& g, Same&& same, MakeArgs&& make_arguments, cudaStream_t stream) {
+  auto& e = thread_params_cache<GemmKernel>().lookup(g, same, [&](auto& entry) {
+    auto args = make_arguments(g);
+    entry.params = GemmKernel::to_underlying_arguments(args, g.workspace);
+    entry.grid = GemmKernel::get_grid_shape(entry.params);
+    entry.needs_workspace_init = GemmKernel::get_workspace_size(args) > 0;
+  });
+  if (e.needs_workspace_init) {
+    // Stream-K/split-K: zero the reduction flags (a memset node under capture).
+    if (GemmKernel::initialize_workspace(make_arguments(g), g.workspace, stream) !=
+        cutlass::Status::kSuccess)
+      return cudaErrorUnknown;
+  }
+  return launch_gemm_kernel<GemmKernel>(e.params, e.grid, stream);
 }
 
 }  // namespace jax_gmma

@@ -256,20 +256,7 @@ struct Sm90Fp8BlockwiseGemm {
 
   static cudaError_t run(const GemmArgs& g, cudaStream_t stream) {
     if (!g.a_block_scale || !g.b_block_scale) return cudaErrorInvalidValue;
-    auto& e = thread_params_cache<GemmKernel>().lookup(g, &same, [&](auto& entry) {
-      auto args = make_arguments(g);
-      entry.params = GemmKernel::to_underlying_arguments(args, g.workspace);
-      entry.needs_workspace_init = GemmKernel::get_workspace_size(args) > 0;
-    });
-    if (e.needs_workspace_init) {
-      // Stream-K/split-K: zero the reduction flags (a memset node under capture).
-      if (GemmKernel::initialize_workspace(make_arguments(g), g.workspace, stream) !=
-          cutlass::Status::kSuccess)
-        return cudaErrorUnknown;
-    }
-    cutlass::Status st = Gemm::run(e.params, stream);
-    if (st != cutlass::Status::kSuccess) return cudaErrorLaunchFailure;
-    return cudaPeekAtLastError();
+    return run_cached<GemmKernel>(g, &same, &make_arguments, stream);
   }
 
   static KernelEntry entry(const char* name) {

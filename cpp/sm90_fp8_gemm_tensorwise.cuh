@@ -103,6 +103,19 @@ template <int TN>
 using CfgDecodeSwapPp = Config<Shape<_64, Int<TN>, _128>, Shape<_1, _1, _1>,
                                sched::KernelTmaWarpSpecializedPingpong,
                                epi::TmaWarpSpecialized, void, true>;
+// Decode at M = 33..64 with many weight rows: the 64-token activation tile is re-read by every
+// weight tile (at N = 28672 about half as many bytes again as the weights, from L2). Two ways
+// to halve that: a 2x1 cluster whose CTAs share it by TMA multicast, or 256-row weight tiles.
+template <int TN>
+using CfgDecodeSwapC2 = Config<Shape<_128, Int<TN>, _128>, Shape<_2, _1, _1>,
+                               sched::KernelTmaWarpSpecializedCooperative,
+                               epi::TmaWarpSpecializedCooperative,
+                               cutlass::gemm::StreamKScheduler, true>;
+template <int TN>
+using CfgDecodeSwap256 = Config<Shape<_256, Int<TN>, _128>, Shape<_1, _1, _1>,
+                                sched::KernelTmaWarpSpecializedCooperative,
+                                epi::TmaWarpSpecializedCooperative,
+                                cutlass::gemm::StreamKScheduler, true>;
 
 // ---------------------------------------------------------------------------------------
 // The kernel for one (A, B, D) dtype triple and one config.
@@ -263,20 +276,7 @@ struct Sm90Fp8Gemm {
   }
 
   static cudaError_t run(const GemmArgs& g, cudaStream_t stream) {
-    auto& e = thread_params_cache<GemmKernel>().lookup(g, &same, [&](auto& entry) {
-      auto args = make_arguments(g);
-      entry.params = GemmKernel::to_underlying_arguments(args, g.workspace);
-      entry.needs_workspace_init = GemmKernel::get_workspace_size(args) > 0;
-    });
-    if (e.needs_workspace_init) {
-      // Stream-K/split-K: zero the reduction flags (a memset node under capture).
-      if (GemmKernel::initialize_workspace(make_arguments(g), g.workspace, stream) !=
-          cutlass::Status::kSuccess)
-        return cudaErrorUnknown;
-    }
-    cutlass::Status st = Gemm::run(e.params, stream);
-    if (st != cutlass::Status::kSuccess) return cudaErrorLaunchFailure;
-    return cudaPeekAtLastError();
+    return run_cached<GemmKernel>(g, &same, &make_arguments, stream);
   }
 
   static KernelEntry entry(const char* name) {
