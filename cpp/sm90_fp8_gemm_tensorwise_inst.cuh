@@ -25,10 +25,12 @@ inline void add_tensorwise_configs(KernelEntry* out, int& i) {
   out[i++] = Sm90Fp8Gemm<kA, kB, kD, CfgDecodeSwapPp<16>>::entry("swap_64x16x128_pingpong_2lvl");
   out[i++] = Sm90Fp8Gemm<kA, kB, kD, CfgDecodeSwapPp<32>>::entry("swap_64x32x128_pingpong_2lvl");
   out[i++] = Sm90Fp8Gemm<kA, kB, kD, CfgDecodeSwapPp<64>>::entry("swap_64x64x128_pingpong_2lvl");
+  out[i++] = Sm90Fp8Gemm<kA, kB, kD, CfgDecodeSwapC2<64>>::entry("swap_128x64x128_c2x1_coop_streamk_2lvl");
+  out[i++] = Sm90Fp8Gemm<kA, kB, kD, CfgDecodeSwap256<64>>::entry("swap_256x64x128_coop_streamk_2lvl");
 #endif
 }
 
-// Fills `out` (capacity >= 16) with the kernels of one (A, B, D) dtype triple; returns the count.
+// Fills `out` (capacity >= 64) with the kernels of one (A, B, D) dtype triple; returns the count.
 template <DType kA, DType kB, DType kD>
 inline int tensorwise_entries(KernelEntry* out) {
   int i = 0;

@@ -49,6 +49,11 @@ _ALL = [
     KernelConfig("swap_64x16x128_pingpong_2lvl", (64, 16, 128), (1, 1), "pingpong", True, False, "2lvl"),
     KernelConfig("swap_64x32x128_pingpong_2lvl", (64, 32, 128), (1, 1), "pingpong", True, False, "2lvl"),
     KernelConfig("swap_64x64x128_pingpong_2lvl", (64, 64, 128), (1, 1), "pingpong", True, False, "2lvl"),
+    # M = 33..64 with many weight rows: the activation tile is shared by a 2x1 cluster (TMA
+    # multicast) or by a 256-row weight tile, halving its L2 reads.
+    KernelConfig("swap_128x64x128_c2x1_coop_streamk_2lvl", (128, 64, 128), (2, 1), "cooperative", True, True,
+                 "2lvl"),
+    KernelConfig("swap_256x64x128_coop_streamk_2lvl", (256, 64, 128), (1, 1), "cooperative", True, True, "2lvl"),
 ]
 
 
@@ -158,7 +163,7 @@ def select_config(problem: GemmProblem, sm_count: int, *, fast_accum: bool = Fal
   Decode (M <= 64): swap-AB with the smallest N tile covering M. 64-row ping-pong tiles (no
   workspace) when the weight rows make at most one wave of them; more weight rows: 128-row
   cooperative tiles with CUTLASS's stream-K decomposition (measured at N = 28672: 5-11% faster
-  than 3.4 waves of 64-row tiles); fewer than a third of the SMs' worth of 64-row tiles
+  than 3.4 waves of 64-row tiles), as 2x1 clusters for 64-token tiles (M = 33..64); fewer than a third of the SMs' worth of 64-row tiles
   (SPLIT_BELOW_SM_FRACTION): 128-row tiles with K split until the weight stream covers the SMs. Otherwise: the first large tile of the
   requested accumulation mode (128x192 then 128x128 for two-level; 128x256, 128x192, 128x128
   ping-pong for fast) whose grid has a useful fraction >= MIN_USEFUL_FRACTION, else stream-K.
@@ -179,7 +184,11 @@ def select_config(problem: GemmProblem, sm_count: int, *, fast_accum: bool = Fal
       cfg = CONFIGS[f"swap_64x{tn}x128_pingpong_2lvl"]
       tiles = num_tiles(problem, cfg)
       if tiles > sm_count:
-        cfg = CONFIGS[f"swap_128x{tn}x128_coop_streamk_2lvl"]
+        # 64-token tiles: a 2x1 cluster shares the activation tile by TMA multicast. Measured
+        # (session6/sweep_decode): N = 28672, K = 8192: M = 48 65.9 vs 71.6 us, M = 64 66.3 vs
+        # 66.5 us against the single-CTA 128x64 stream-K kernel.
+        cfg = CONFIGS[f"swap_128x{tn}x128_c2x1_coop_streamk_2lvl" if tn == 64
+                      else f"swap_128x{tn}x128_coop_streamk_2lvl"]
         if splits is None:
           splits = STREAM_K_HEURISTIC
       elif tiles < sm_count // SPLIT_BELOW_SM_FRACTION:

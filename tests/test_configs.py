@@ -36,6 +36,17 @@ def test_decode_unsplit_pingpong_at_llama_widths():
     assert cfg.name == "swap_64x16x128_pingpong_2lvl" and s == 1, (n, k, cfg.name, s)
 
 
+def test_decode_many_weight_rows_streams_with_stream_k():
+  # N = 28672: more 64-row tiles than SMs -> 128-row stream-K tiles; 64-token tiles (M = 33..64)
+  # as 2x1 clusters sharing the activation tile.
+  for m, want in ((1, "swap_128x16x128_coop_streamk_2lvl"), (16, "swap_128x16x128_coop_streamk_2lvl"),
+                  (32, "swap_128x32x128_coop_streamk_2lvl"),
+                  (48, "swap_128x64x128_c2x1_coop_streamk_2lvl"),
+                  (64, "swap_128x64x128_c2x1_coop_streamk_2lvl")):
+    cfg, s = configs.select_config(prob(m, 28672, 8192), 132)
+    assert (cfg.name, s) == (want, configs.STREAM_K_HEURISTIC), (m, cfg.name, s)
+
+
 def test_fast_accum_picks_fast_variant_for_large():
   cfg, _ = configs.select_config(prob(8192, 8192, 8192), 132, fast_accum=True)
   assert cfg.name == "128x256x128_c2x1_coop_fast"
