@@ -12,7 +12,9 @@ Stages: the production configs use CUTLASS's automatic stage count (as many stag
 memory holds after the epilogue's carve-out); the sweep-only kernels `<config>_s<N>` (built for
 e4m3 x e4m3 -> bf16, cpp/sm90_fp8_gemm_tensorwise_sweep.cu) pin 2..6 stages, and a few candidate
 tiles are built only for the sweep. --configs REGEX restricts the configs, --shapes MxNxK,...
-the shapes. Writes OUT/sweep_<suite>.json and OUT/sweep_<suite>.md.
+the shapes. Each shape also gets reference rows timed the same way: XLA's FP8 GEMM (fp8 operands
+straight into dot_general, which XLA lowers to cuBLASLt) with DEFAULT precision (XLA's fast
+accumulation) and HIGHEST (without it). Writes OUT/sweep_<suite>.json and OUT/sweep_<suite>.md.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ import time
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 import numpy as np
 
 import jax_gmma
@@ -94,6 +97,19 @@ def sweep_shape(m, n, k, repeats, sm_count, pattern=None):
   pick = configs.select_config(prob, sm_count)
   pick_fast = configs.select_config(prob, sm_count, fast_accum=True)
   rows = []
+  # Reference rows, timed the same way: XLA's own FP8 GEMM (fp8 operands straight into
+  # dot_general -> cuBLASLt; DEFAULT precision = fast accumulation, HIGHEST = without it).
+  for name, prec in (("xla_fp8 (reference)", lax.Precision.DEFAULT),
+                     ("xla_fp8_precise (reference)", lax.Precision.HIGHEST)):
+    def fx(a, ws, prec=prec):
+      tn = (((1,), (1,)), ((), ()))
+      return [(lax.dot_general(a, ws[i % pool], tn, precision=prec,
+                               preferred_element_type=jnp.bfloat16).astype(jnp.float32)
+               * (sa * sb)).astype(jnp.bfloat16) for i in range(g)]
+    t = time_fn(jax.jit(fx), (a, ws), repeats) / g
+    rows.append(dict(m=m, n=n, k=k, config=name, splits=1, us=t * 1e6,
+                     tflops=2 * m * n * k / t / 1e12, weight_gbs=n * k / t / 1e9,
+                     pick=False, pick_fast=False, reference=True))
   for cfg, s in candidates(m, pattern):
     def f(a, ws, cfg=cfg, s=s):
       return [jax_gmma.fp8_gemm(a, ws[i % pool], sa, sb, config=cfg.name, splits=s) for i in range(g)]
@@ -139,7 +155,7 @@ def main():
       mark = ("<- pick" if r["pick"] else "") + (" <- pick(fast)" if r["pick_fast"] else "")
       print(f"  {r['config']:36s} splits={r['splits']}  {r['us']:9.2f} us  {r['tflops']:7.1f} TF/s "
             f"{r['weight_gbs']:7.0f} GB/s  {r['us'] / best['us']:.2f}x best {mark}", flush=True)
-      st = configs.CONFIGS[r["config"]].stages or "auto"
+      st = "—" if r.get("reference") else configs.CONFIGS[r["config"]].stages or "auto"
       lines.append(f"| {r['config']} | {st} | {r['splits']} | {r['us']:.2f} | {r['tflops']:.1f} | "
                    f"{r['weight_gbs']:.0f} | {r['us'] / best['us']:.2f} | {mark.replace('<- ', '')} |")
     for r in rs:
