@@ -93,12 +93,15 @@ using CfgS128CoopSk = Config<Shape<_128, _128, _128>, Shape<_1, _1, _1>,
                              epi::TmaWarpSpecializedCooperative,
                              cutlass::gemm::StreamKScheduler, false>;
 // Decode: swap-AB so the weights (N) run along the kernel's M and the few tokens (M) are the
-// kernel's N tile. Cooperative + split-K, or ping-pong 64-row tiles with no workspace.
+// kernel's N tile. Cooperative + stream-K/split-K (TM weight rows per CTA, CX CTAs per cluster
+// along the weights), or ping-pong 64-row tiles with no workspace.
+template <int TM, int TN, int CX>
+using CfgDecodeSwapCoop = Config<Shape<Int<TM>, Int<TN>, _128>, Shape<Int<CX>, _1, _1>,
+                                 sched::KernelTmaWarpSpecializedCooperative,
+                                 epi::TmaWarpSpecializedCooperative,
+                                 cutlass::gemm::StreamKScheduler, true>;
 template <int TN>
-using CfgDecodeSwap = Config<Shape<_128, Int<TN>, _128>, Shape<_1, _1, _1>,
-                             sched::KernelTmaWarpSpecializedCooperative,
-                             epi::TmaWarpSpecializedCooperative,
-                             cutlass::gemm::StreamKScheduler, true>;
+using CfgDecodeSwap = CfgDecodeSwapCoop<128, TN, 1>;
 template <int TN>
 using CfgDecodeSwapPp = Config<Shape<_64, Int<TN>, _128>, Shape<_1, _1, _1>,
                                sched::KernelTmaWarpSpecializedPingpong,
@@ -107,15 +110,9 @@ using CfgDecodeSwapPp = Config<Shape<_64, Int<TN>, _128>, Shape<_1, _1, _1>,
 // weight tile (at N = 28672 about half as many bytes again as the weights, from L2). Two ways
 // to halve that: a 2x1 cluster whose CTAs share it by TMA multicast, or 256-row weight tiles.
 template <int TN>
-using CfgDecodeSwapC2 = Config<Shape<_128, Int<TN>, _128>, Shape<_2, _1, _1>,
-                               sched::KernelTmaWarpSpecializedCooperative,
-                               epi::TmaWarpSpecializedCooperative,
-                               cutlass::gemm::StreamKScheduler, true>;
+using CfgDecodeSwapC2 = CfgDecodeSwapCoop<128, TN, 2>;
 template <int TN>
-using CfgDecodeSwap256 = Config<Shape<_256, Int<TN>, _128>, Shape<_1, _1, _1>,
-                                sched::KernelTmaWarpSpecializedCooperative,
-                                epi::TmaWarpSpecializedCooperative,
-                                cutlass::gemm::StreamKScheduler, true>;
+using CfgDecodeSwap256 = CfgDecodeSwapCoop<256, TN, 1>;
 
 // ---------------------------------------------------------------------------------------
 // The kernel for one (A, B, D) dtype triple and one config.

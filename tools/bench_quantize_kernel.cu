@@ -14,14 +14,8 @@
 #include <cstdlib>
 #include <vector>
 
-#define CHECK(x)                                                                                 \
-  do {                                                                                           \
-    cudaError_t e_ = (x);                                                                        \
-    if (e_ != cudaSuccess) {                                                                     \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));    \
-      std::exit(1);                                                                              \
-    }                                                                                            \
-  } while (0)
+#include "cuda_check.h"
+
 
 template <class F>
 float median_us(F&& launch, int sets) {

@@ -21,14 +21,8 @@
 #include "../cpp/sm90_fp4_gemm_weightonly.cu"
 #include "../cpp/sm90_fp6_gemm_weightonly.cu"
 
-#define CHECK(x)                                                                   \
-  do {                                                                             \
-    cudaError_t e_ = (x);                                                          \
-    if (e_ != cudaSuccess) {                                                       \
-      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
-      std::exit(1);                                                                \
-    }                                                                              \
-  } while (0)
+#include "cuda_check.h"
+
 
 namespace unpack_bench {
 using namespace jax_gmma;

@@ -23,6 +23,8 @@
 
 #include "jax_gmma/gemm_api.h"
 
+#include "cuda_check.h"
+
 namespace {
 
 __global__ void empty_kernel(int) {}
@@ -34,14 +36,6 @@ __global__ void big_param_kernel(__grid_constant__ const Big p) {
   if (p.bytes[threadIdx.x] == 1) asm volatile("trap;");
 }
 
-#define CHECK(x)                                                                         \
-  do {                                                                                   \
-    cudaError_t e_ = (x);                                                                \
-    if (e_ != cudaSuccess) {                                                             \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                      \
-    }                                                                                    \
-  } while (0)
 
 struct Timing {
   double host_us, gpu_us;
