@@ -11,7 +11,9 @@
 namespace jax_gmma {
 
 #if defined(JAX_GMMA_HAVE_SM90)
-#define JAX_GMMA_DECLARE(pair, d) int sm90_fp8_tensorwise_##pair##_##d##_entries(KernelEntry* out);
+#define JAX_GMMA_DECLARE(pair, d)                                      \
+  int sm90_fp8_tensorwise_##pair##_##d##_entries(KernelEntry* out); \
+  int sm90_fp8_tensorwise_##pair##_##d##_decode_entries(KernelEntry* out);
 JAX_GMMA_DECLARE(e4m3e4m3, bf16)
 JAX_GMMA_DECLARE(e4m3e4m3, f16)
 JAX_GMMA_DECLARE(e4m3e4m3, f32)
@@ -60,6 +62,12 @@ struct Table {
     for (auto fill : {&sm90_fp8_tensorwise_e4m3e4m3_bf16_entries, &sm90_fp8_tensorwise_e4m3e4m3_f16_entries,
                       &sm90_fp8_tensorwise_e4m3e4m3_f32_entries, &sm90_fp8_tensorwise_e5m2e4m3_bf16_entries,
                       &sm90_fp8_tensorwise_e5m2e4m3_f16_entries, &sm90_fp8_tensorwise_e5m2e4m3_f32_entries,
+                      &sm90_fp8_tensorwise_e4m3e4m3_bf16_decode_entries,
+                      &sm90_fp8_tensorwise_e4m3e4m3_f16_decode_entries,
+                      &sm90_fp8_tensorwise_e4m3e4m3_f32_decode_entries,
+                      &sm90_fp8_tensorwise_e5m2e4m3_bf16_decode_entries,
+                      &sm90_fp8_tensorwise_e5m2e4m3_f16_decode_entries,
+                      &sm90_fp8_tensorwise_e5m2e4m3_f32_decode_entries,
                       &sm90_fp8_tensorwise_sweep_entries,
                       // Block-scaled family (1x128 / 128x128 float32 scales), e4m3 x e4m3.
                       &sm90_fp8_blockwise_1d2d_bf16_entries, &sm90_fp8_blockwise_1d2d_f32_entries,

@@ -107,12 +107,11 @@ using CfgDecodeSwapPp = Config<Shape<_64, Int<TN>, _128>, Shape<_1, _1, _1>,
                                sched::KernelTmaWarpSpecializedPingpong,
                                epi::TmaWarpSpecialized, void, true>;
 // Decode at M = 33..64 with many weight rows: the 64-token activation tile is re-read by every
-// weight tile (at N = 28672 about half as many bytes again as the weights, from L2). Two ways
-// to halve that: a 2x1 cluster whose CTAs share it by TMA multicast, or 256-row weight tiles.
+// weight tile (at N = 28672 about half as many bytes again as the weights, from L2); a 2x1
+// cluster's CTAs share it by TMA multicast. (256-row weight tiles, the other way to halve it,
+// measured 7-9% slower at M = 48 / 64, N = 28672, and were dropped.)
 template <int TN>
 using CfgDecodeSwapC2 = CfgDecodeSwapCoop<128, TN, 2>;
-template <int TN>
-using CfgDecodeSwap256 = CfgDecodeSwapCoop<256, TN, 1>;
 
 // ---------------------------------------------------------------------------------------
 // The kernel for one (A, B, D) dtype triple and one config.

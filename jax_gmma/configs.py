@@ -50,10 +50,9 @@ _ALL = [
     KernelConfig("swap_64x32x128_pingpong_2lvl", (64, 32, 128), (1, 1), "pingpong", True, False, "2lvl"),
     KernelConfig("swap_64x64x128_pingpong_2lvl", (64, 64, 128), (1, 1), "pingpong", True, False, "2lvl"),
     # M = 33..64 with many weight rows: the activation tile is shared by a 2x1 cluster (TMA
-    # multicast) or by a 256-row weight tile, halving its L2 reads.
+    # multicast), halving its L2 reads.
     KernelConfig("swap_128x64x128_c2x1_coop_streamk_2lvl", (128, 64, 128), (2, 1), "cooperative", True, True,
                  "2lvl"),
-    KernelConfig("swap_256x64x128_coop_streamk_2lvl", (256, 64, 128), (1, 1), "cooperative", True, True, "2lvl"),
 ]
 
 
