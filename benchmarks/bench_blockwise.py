@@ -603,10 +603,10 @@ def _per_op(stats, ops):
   return out
 
 
-def bench_quant(run: BRun, suite: str, m: int, k: int, ns, max_sets: int = MAX_SETS):
+def bench_quant(run: BRun, suite: str, m: int, k: int, ns, ops: int = QUANT_OPS):
   args = run.args
   act_bytes = m * k * 2
-  n_sets = QUANT_OPS if suite != "smoke" else 2
+  n_sets = ops
   run.log(f"[{suite}] quantize {m}x{k} bf16 -> fp8_1x128 vs the {m}xNx{k} GEMM it feeds, "
           f"N in {tuple(ns)}; {n_sets} operations on distinct inputs per jitted call")
   xs = [(normal(run.next_key(), (m, k)).astype(BF16),) for _ in range(n_sets)]
@@ -852,7 +852,7 @@ def main(argv=None) -> int:
       run.guard(f"smoke decode N={n} K={k}", bench_decode, "smoke", n, k, SMOKE_DECODE_MS,
                 SMOKE_DECODE_BUDGET, SMOKE_CHAIN, min(args.slow_chain, SMOKE_CHAIN))
     m, k, ns = SMOKE_QUANT
-    run.guard("smoke quant", bench_quant, "smoke", m, k, ns, SMOKE_SETS)
+    run.guard("smoke quant", bench_quant, "smoke", m, k, ns, 2)  # 2 operations per call
   if args.suite in ("large", "all"):
     for m, n, k in LARGE_SHAPES:
       run.guard(f"large {m}x{n}x{k}", bench_gemm, "large", m, n, k)

@@ -23,15 +23,21 @@ import json
 import math
 import os
 import re
+import sys
 import time
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 import numpy as np
 
-import jax_gmma
-from jax_gmma import configs, shapes
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if _HERE not in sys.path:  # `python -P` does not put the script's directory on sys.path
+  sys.path.insert(0, _HERE)
+
+import jax_gmma  # noqa: E402
+from jax_gmma import configs, shapes  # noqa: E402
+# XLA's FP8 GEMM as bench_fp8.py times it (the reference rows).
+from bench_fp8 import xla_fp8_gemm, xla_fp8_precise_gemm  # noqa: E402
 
 DECODE = [(m, n, k) for (n, k) in [(8192, 8192), (28672, 8192)] for m in (1, 16, 64)]
 LARGE = [(8192, 8192, 8192), (4096, 2112, 7168), (4096, 24576, 1536), (4096, 7168, 16384)]
@@ -99,13 +105,10 @@ def sweep_shape(m, n, k, repeats, sm_count, pattern=None):
   rows = []
   # Reference rows, timed the same way: XLA's own FP8 GEMM (fp8 operands straight into
   # dot_general -> cuBLASLt; DEFAULT precision = fast accumulation, HIGHEST = without it).
-  for name, prec in (("xla_fp8 (reference)", lax.Precision.DEFAULT),
-                     ("xla_fp8_precise (reference)", lax.Precision.HIGHEST)):
-    def fx(a, ws, prec=prec):
-      tn = (((1,), (1,)), ((), ()))
-      return [(lax.dot_general(a, ws[i % pool], tn, precision=prec,
-                               preferred_element_type=jnp.bfloat16).astype(jnp.float32)
-               * (sa * sb)).astype(jnp.bfloat16) for i in range(g)]
+  for name, gemm in (("xla_fp8 (reference)", xla_fp8_gemm),
+                     ("xla_fp8_precise (reference)", xla_fp8_precise_gemm)):
+    def fx(a, ws, gemm=gemm):
+      return [gemm(a, ws[i % pool], sa, sb) for i in range(g)]
     t = time_fn(jax.jit(fx), (a, ws), repeats) / g
     rows.append(dict(m=m, n=n, k=k, config=name, splits=1, us=t * 1e6,
                      tflops=2 * m * n * k / t / 1e12, weight_gbs=n * k / t / 1e9,
