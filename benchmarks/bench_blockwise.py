@@ -92,7 +92,7 @@ if _HERE not in sys.path:  # `python -P` does not put the script's directory on 
 from bench_fp8 import (F8, BF16, F32, F8_MAX, TN, HIGHEST, TOL, H200_SMS, ROTATE_BYTES,  # noqa: E402
                        MAX_SETS, Run, compile_jax, time_jax, rel_err, reference,
                        dequant_bf16, ours_gemm, xla_fp8_precise_gemm, bf16_gemm, _fmt, _ratio,
-                       md_tail, md_header, plot_vs_baseline, suites_of, _by_shape)
+                       md_tail, md_header, plot_vs_baseline, suites_of, _by_shape, warm_gpu)
 
 import argparse  # noqa: E402
 import datetime  # noqa: E402
@@ -319,6 +319,9 @@ def bench_gemm(run: BRun, suite: str, m: int, n: int, k: int, max_sets: int = MA
   refs = {"bw": ref_1d2d(*sets["bw"][0]), "pt": reference(*sets["pt"][0])}
   plan = [(OURS, ours_1d2d_gemm, "bw"), (PERT, ours_gemm, "pt"), (XLA, xla_fp8_precise_gemm, "pt"),
           (JNN, make_jnn_gemm(run.jnn_emulated), "mx")]
+  # --configs: the same 1x128 x 128x128 GEMM forced onto other configs (extra rows).
+  plan[1:1] = [(f"{OURS}[{name}]", functools.partial(jax_gmma.blockwise_gemm, out_dtype=BF16, config=name),
+                "bw") for name in args.configs]
   for impl, fn_, fmt in plan:
     try:
       fn, calls = compile_jax(fn_, sets[fmt][0])
@@ -329,16 +332,18 @@ def bench_gemm(run: BRun, suite: str, m: int, n: int, k: int, max_sets: int = MA
       extra = {}
       if impl == OURS:
         extra = dict(config=cfg.name, splits=splits, path=run.bw_path(calls), variant="1d2d")
+      elif impl.startswith(f"{OURS}["):
+        extra = dict(config=impl[len(OURS) + 1:-1], path=run.bw_path(calls), variant="1d2d")
       elif impl == PERT:
         extra = dict(path=run.ours_path(calls))
       elif impl == JNN:
         extra = dict(quantizer=MX_QUANTIZER, path="emulated" if run.jnn_emulated else "jax")
-      if impl in (OURS, PERT) and not err < TOL:  # also catches NaN
+      if (impl in (OURS, PERT) or impl.startswith(f"{OURS}[")) and not err < TOL:  # also catches NaN
         run.fail(f"{suite} {shape} {impl}: rel_err {err:.3e} >= {TOL}")
       record(impl, time_jax(fn, sets[fmt], args.repeats, run.target_s), err, calls, **extra)
       del fn
     except Exception as e:
-      if impl in (OURS, PERT):
+      if impl in (OURS, PERT) or impl.startswith(f"{OURS}["):
         run.fail(f"{suite} {shape} {impl} crashed:\n{traceback.format_exc()}")
       else:
         run.peer_error(f"{suite} {shape} {impl}", e)
@@ -806,6 +811,8 @@ def parse_args(argv=None):
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--no-torch", action="store_true", help="skip the torch blockwise peer")
   p.add_argument("--no-plot", action="store_true", help="do not write the PNG")
+  p.add_argument("--configs", default="", type=lambda v: [c for c in v.split(",") if c],
+                 help="large/smoke suites: extra rows forcing these blockwise configs (comma list)")
   a = p.parse_args(argv)
   if a.repeats < 1:
     p.error("--repeats must be >= 1")
@@ -845,6 +852,8 @@ def main(argv=None) -> int:
     run.notes.append(f"{JNN} decode chains have {args.slow_chain} steps (the others {CHAIN}) and "
                      "at most 5 repeats: it is ~100x slower; its per-GEMM time is chain / steps")
   t_start = time.perf_counter()
+  if run.on_gpu:
+    warm_gpu()
   if args.suite == "smoke":
     for m, n, k in SMOKE_SHAPES:
       run.guard(f"smoke {m}x{n}x{k}", bench_gemm, "smoke", m, n, k, SMOKE_SETS)

@@ -14,7 +14,9 @@ e4m3 x e4m3 -> bf16, cpp/sm90_fp8_gemm_tensorwise_sweep.cu) pin 2..6 stages, and
 tiles are built only for the sweep. --configs REGEX restricts the configs, --shapes MxNxK,...
 the shapes. Each shape also gets reference rows timed the same way: XLA's FP8 GEMM (fp8 operands
 straight into dot_general, which XLA lowers to cuBLASLt) with DEFAULT precision (XLA's fast
-accumulation) and HIGHEST (without it). Writes OUT/sweep_<suite>.json and OUT/sweep_<suite>.md.
+accumulation) and HIGHEST (without it). --swizzles 1,2,4,8 and --rasters auto,m,n time every
+config under those tile orders of its scheduler too (runtime arguments, same kernels; rows named
+`<config> sw<N> r<raster>`). Writes OUT/sweep_<suite>.json and OUT/sweep_<suite>.md.
 """
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ if _HERE not in sys.path:  # `python -P` does not put the script's directory on 
 import jax_gmma  # noqa: E402
 from jax_gmma import configs, shapes  # noqa: E402
 # XLA's FP8 GEMM as bench_fp8.py times it (the reference rows).
-from bench_fp8 import xla_fp8_gemm, xla_fp8_precise_gemm  # noqa: E402
+from bench_fp8 import warm_gpu, xla_fp8_gemm, xla_fp8_precise_gemm  # noqa: E402
 
 DECODE = [(m, n, k) for (n, k) in [(8192, 8192), (28672, 8192)] for m in (1, 16, 64)]
 LARGE = [(8192, 8192, 8192), (4096, 2112, 7168), (4096, 24576, 1536), (4096, 7168, 16384)]
@@ -50,7 +52,8 @@ def candidates(m, pattern=None):
       continue
     if c.swap_ab and m > c.tile[1]:
       continue
-    if not c.swap_ab and (m <= 16 or (m <= 64 and c.sweep)):
+    # Unswapped tiles at M <= 64: production ones from M = 17, and 64-row sweep candidates.
+    if not c.swap_ab and (m <= 16 or (m <= 64 and c.sweep and c.tile[0] != 64)):
       continue
     if c.swap_ab and m > 64:
       continue
@@ -77,16 +80,7 @@ def time_fn(f, args, repeats, iters=4):
   return float(np.median(ts))
 
 
-def warm_gpu(seconds=1.0):
-  """Brings the clocks up before the first timed config (idle clocks skew the first rows)."""
-  x = jnp.ones((8192, 8192), jnp.bfloat16)
-  f = jax.jit(lambda x: x @ x)
-  t0 = time.perf_counter()
-  while time.perf_counter() - t0 < seconds:
-    jax.block_until_ready(f(x))
-
-
-def sweep_shape(m, n, k, repeats, sm_count, pattern=None):
+def sweep_shape(m, n, k, repeats, sm_count, pattern=None, orders=((1, "auto"),)):
   key = jax.random.PRNGKey(m * 7 + n + k)
   # G GEMMs per call, each with its own weight, so the weights stream from HBM (>= 200 MB per
   # call at every swept shape) and per-call dispatch is amortized: 32 for small M, 8 for large.
@@ -114,17 +108,23 @@ def sweep_shape(m, n, k, repeats, sm_count, pattern=None):
                      tflops=2 * m * n * k / t / 1e12, weight_gbs=n * k / t / 1e9,
                      pick=False, pick_fast=False, reference=True))
   for cfg, s in candidates(m, pattern):
-    def f(a, ws, cfg=cfg, s=s):
-      return [jax_gmma.fp8_gemm(a, ws[i % pool], sa, sb, config=cfg.name, splits=s) for i in range(g)]
-    try:
-      t = time_fn(jax.jit(f), (a, ws), repeats) / g
-    except Exception as e:  # a config that cannot run this shape
-      rows.append(dict(m=m, n=n, k=k, config=cfg.name, splits=s, error=str(e).splitlines()[0][:120]))
-      continue
-    rows.append(dict(m=m, n=n, k=k, config=cfg.name, splits=s, us=t * 1e6,
-                     tflops=2 * m * n * k / t / 1e12, weight_gbs=n * k / t / 1e9,
-                     pick=(cfg.name, s) == (pick[0].name, pick[1]),
-                     pick_fast=(cfg.name, s) == (pick_fast[0].name, pick_fast[1])))
+    for sw, ro in orders:
+      def f(a, ws, cfg=cfg, s=s, sw=sw, ro=ro):
+        return [jax_gmma.fp8_gemm(a, ws[i % pool], sa, sb, config=cfg.name, splits=s, swizzle=sw, raster=ro)
+                for i in range(g)]
+      # The default tile order keeps the plain config name (rows compare across sweeps).
+      label = cfg.name if (sw, ro) == (1, "auto") else f"{cfg.name} sw{sw} r{ro}"
+      try:
+        t = time_fn(jax.jit(f), (a, ws), repeats) / g
+      except Exception as e:  # a config that cannot run this shape
+        rows.append(dict(m=m, n=n, k=k, config=label, kernel=cfg.name, splits=s, swizzle=sw, raster=ro,
+                         error=str(e).splitlines()[0][:120]))
+        continue
+      default = (sw, ro) == configs.select_tile_order(prob, cfg)
+      rows.append(dict(m=m, n=n, k=k, config=label, kernel=cfg.name, splits=s, swizzle=sw, raster=ro,
+                       us=t * 1e6, tflops=2 * m * n * k / t / 1e12, weight_gbs=n * k / t / 1e9,
+                       pick=default and (cfg.name, s) == (pick[0].name, pick[1]),
+                       pick_fast=default and (cfg.name, s) == (pick_fast[0].name, pick_fast[1])))
   return rows
 
 
@@ -137,7 +137,16 @@ def main():
   p.add_argument("--shapes", default=None, type=lambda v: [tuple(int(x) for x in t.split("x"))
                                                            for t in v.split(",") if t],
                  help="comma-separated MxNxK shapes instead of the suite's")
+  p.add_argument("--swizzles", default="1", type=lambda v: [int(x) for x in v.split(",") if x],
+                 help="tile-order swizzles to time per config (comma list of 1, 2, 4, 8)")
+  p.add_argument("--rasters", default="auto", type=lambda v: [x for x in v.split(",") if x],
+                 help="tile-order rasters to time per config (comma list of auto, m, n)")
   args = p.parse_args()
+  for sw in args.swizzles:
+    configs.check_tile_order(sw, None)
+  for ro in args.rasters:
+    configs.check_tile_order(None, ro)
+  orders = [(sw, ro) for sw in args.swizzles for ro in args.rasters]
   dev = jax.devices()[0]
   sm = int(getattr(dev, "core_count", 132))
   shapes_ = args.shapes or {"decode": DECODE, "large": LARGE, "all": DECODE + LARGE}[args.suite]
@@ -147,7 +156,7 @@ def main():
            "pick = the heuristic's choice (two-level / fast accumulation).", ""]
   warm_gpu()
   for m, n, k in shapes_:
-    rs = sweep_shape(m, n, k, args.repeats, sm, args.configs)
+    rs = sweep_shape(m, n, k, args.repeats, sm, args.configs, orders)
     rows += rs
     ok = [r for r in rs if "us" in r]
     best = min(ok, key=lambda r: r["us"]) if ok else None
@@ -156,14 +165,14 @@ def main():
               "|---|---|---|---|---|---|---|---|"]
     for r in sorted(ok, key=lambda r: r["us"]):
       mark = ("<- pick" if r["pick"] else "") + (" <- pick(fast)" if r["pick_fast"] else "")
-      print(f"  {r['config']:36s} splits={r['splits']}  {r['us']:9.2f} us  {r['tflops']:7.1f} TF/s "
+      print(f"  {r['config']:44s} splits={r['splits']}  {r['us']:9.2f} us  {r['tflops']:7.1f} TF/s "
             f"{r['weight_gbs']:7.0f} GB/s  {r['us'] / best['us']:.2f}x best {mark}", flush=True)
-      st = "—" if r.get("reference") else configs.CONFIGS[r["config"]].stages or "auto"
+      st = "—" if r.get("reference") else configs.CONFIGS[r["kernel"]].stages or "auto"
       lines.append(f"| {r['config']} | {st} | {r['splits']} | {r['us']:.2f} | {r['tflops']:.1f} | "
                    f"{r['weight_gbs']:.0f} | {r['us'] / best['us']:.2f} | {mark.replace('<- ', '')} |")
     for r in rs:
       if "error" in r:
-        print(f"  {r['config']:36s} splits={r['splits']}  ERROR {r['error']}", flush=True)
+        print(f"  {r['config']:44s} splits={r['splits']}  ERROR {r['error']}", flush=True)
         lines.append(f"| {r['config']} | | {r['splits']} | error: {r['error']} | | | | |")
     lines.append("")
     _write(args, dev, rows, lines)  # after every shape: a time limit keeps what was measured

@@ -102,6 +102,14 @@ using CfgDecodeSwapCoop = Config<Shape<Int<TM>, Int<TN>, _128>, Shape<Int<CX>, _
                                  cutlass::gemm::StreamKScheduler, true>;
 template <int TN>
 using CfgDecodeSwap = CfgDecodeSwapCoop<128, TN, 1>;
+// The same with fast accumulation (wgmma accumulators only), XLA's default for FP8 dots: no
+// promotion pass per 128 K. Measured 1-5% faster at N = 28672, K = 8192, M = 1..64
+// (benchmarks/results/2026-11-30-h200/session7/sweep_decode).
+template <int TN, int CX>
+using CfgDecodeSwapCoopFast = Config<Shape<_128, Int<TN>, _128>, Shape<Int<CX>, _1, _1>,
+                                     sched::KernelTmaWarpSpecializedCooperativeFP8FastAccum,
+                                     epi::TmaWarpSpecializedCooperative,
+                                     cutlass::gemm::StreamKScheduler, true>;
 template <int TN>
 using CfgDecodeSwapPp = Config<Shape<_64, Int<TN>, _128>, Shape<_1, _1, _1>,
                                sched::KernelTmaWarpSpecializedPingpong,
@@ -222,6 +230,11 @@ struct Sm90Fp8Gemm {
     }
     args.hw_info.device_id = g.device;
     args.hw_info.sm_count = g.sm_count;
+    using Raster = decltype(args.scheduler.raster_order);
+    args.scheduler.max_swizzle_size = g.swizzle;
+    args.scheduler.raster_order = g.raster == 1   ? Raster::AlongM
+                                  : g.raster == 2 ? Raster::AlongN
+                                                  : Raster::Heuristic;
     if constexpr (Cfg::kStreamK) {
       using Decomp = cutlass::gemm::kernel::detail::DecompositionMode;
       using Reduce = cutlass::gemm::kernel::detail::ReductionMode;
@@ -241,6 +254,9 @@ struct Sm90Fp8Gemm {
       if (g.splits != 1) return "this config does not split K (splits must be 1)";
     }
     if (g.splits < 0) return "splits must be >= 0";
+    if (g.swizzle != 1 && g.swizzle != 2 && g.swizzle != 4 && g.swizzle != 8)
+      return "swizzle must be 1, 2, 4 or 8";
+    if (g.raster < 0 || g.raster > 2) return "raster must be 0 (heuristic), 1 (along M) or 2 (along N)";
     auto args = make_arguments(g);
     if (GemmKernel::can_implement(args)) return nullptr;
     return "CUTLASS can_implement rejected the problem (alignment or shape)";
@@ -268,7 +284,8 @@ struct Sm90Fp8Gemm {
            x.a_scale_per_row == y.a_scale_per_row && x.b_scale_per_col == y.b_scale_per_col &&
            x.bias == y.bias && x.d == y.d && x.workspace == y.workspace &&
            x.workspace_bytes == y.workspace_bytes && x.splits == y.splits &&
-           x.sm_count == y.sm_count && x.device == y.device;
+           x.sm_count == y.sm_count && x.device == y.device && x.swizzle == y.swizzle &&
+           x.raster == y.raster;
   }
 
   static cudaError_t run(const GemmArgs& g, cudaStream_t stream) {

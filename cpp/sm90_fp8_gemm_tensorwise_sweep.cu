@@ -16,6 +16,15 @@ using CfgP64x128Pp2l = Config<Shape<_64, _128, _128>, Shape<_1, _2, _1>,
                               sched::KernelTmaWarpSpecializedPingpong,
                               epi::TmaWarpSpecialized, void, false>;
 
+// Session 7 candidates for M = 33..64 with many weight rows: a 4x1 cluster sharing the
+// 64-token activation tile four ways (two-level and fast), and the unswapped 64-token tile
+// (ping-pong 64x128, a 1x2 cluster sharing the activation tile) with fast accumulation.
+template <int TN>
+using CfgDecodeSwapC4 = CfgDecodeSwapCoop<128, TN, 4>;
+using CfgP64x128PpFast = Config<Shape<_64, _128, _128>, Shape<_1, _2, _1>,
+                                sched::KernelTmaWarpSpecializedPingpongFP8FastAccum,
+                                epi::TmaWarpSpecialized, void, false>;
+
 template <class Cfg>
 using K = Sm90Fp8Gemm<DType::kF8E4M3, DType::kF8E4M3, DType::kBF16, Cfg>;
 
@@ -42,6 +51,9 @@ int sm90_fp8_tensorwise_sweep_entries(KernelEntry* out) {
   out[i++] = K<WithStages<CfgM192Coop2l, 4>>::entry("128x192x128_c2x1_coop_2lvl_s4");
   out[i++] = K<CfgP64x192Pp2l>::entry("64x192x128_c1x2_pingpong_2lvl");
   out[i++] = K<CfgP64x128Pp2l>::entry("64x128x128_c1x2_pingpong_2lvl");
+  out[i++] = K<CfgDecodeSwapC4<64>>::entry("swap_128x64x128_c4x1_coop_streamk_2lvl");
+  out[i++] = K<CfgDecodeSwapCoopFast<64, 4>>::entry("swap_128x64x128_c4x1_coop_streamk_fast");
+  out[i++] = K<CfgP64x128PpFast>::entry("64x128x128_c1x2_pingpong_fast");
 #endif
   return i;
 }

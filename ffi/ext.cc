@@ -122,7 +122,7 @@ NB_MODULE(_gmma_ext, m) {
       "check",
       [](const std::string& config, const std::string& a, const std::string& b, const std::string& d,
          int64_t mm, int64_t n, int64_t k, int splits, int sm_count, bool a_vec, bool b_vec,
-         bool has_bias) -> std::pair<std::optional<std::string>, int64_t> {
+         bool has_bias, int swizzle, int raster) -> std::pair<std::optional<std::string>, int64_t> {
 #if defined(JAX_GMMA_WITH_CUDA)
         const jax_gmma::KernelEntry* e =
             jax_gmma::find_kernel(config.c_str(), parse_dtype(a), parse_dtype(b), parse_dtype(d));
@@ -131,6 +131,7 @@ NB_MODULE(_gmma_ext, m) {
         g.m = mm; g.n = n; g.k = k;
         g.a_scale_per_row = a_vec; g.b_scale_per_col = b_vec;
         g.splits = splits; g.sm_count = sm_count;
+        g.swizzle = swizzle; g.raster = raster;
         static float dummy_scale = 1.f;  // never dereferenced on the host
         g.a_scale = g.b_scale = &dummy_scale;
         g.bias = has_bias ? &dummy_scale : nullptr;
@@ -138,13 +139,13 @@ NB_MODULE(_gmma_ext, m) {
         return {std::nullopt, static_cast<int64_t>(e->workspace_size(g))};
 #else
         (void)config; (void)a; (void)b; (void)d; (void)mm; (void)n; (void)k; (void)splits;
-        (void)sm_count; (void)a_vec; (void)b_vec; (void)has_bias;
+        (void)sm_count; (void)a_vec; (void)b_vec; (void)has_bias; (void)swizzle; (void)raster;
         return {std::string("jax_gmma was built without CUDA kernels"), 0};
 #endif
       },
       nb::arg("config"), nb::arg("a"), nb::arg("b"), nb::arg("d"), nb::arg("m"), nb::arg("n"),
       nb::arg("k"), nb::arg("splits"), nb::arg("sm_count"), nb::arg("a_vec"), nb::arg("b_vec"),
-      nb::arg("has_bias"));
+      nb::arg("has_bias"), nb::arg("swizzle") = 1, nb::arg("raster") = 0);
 
   // Block-scaled family: can_implement + workspace size for a "blockwise_<variant>_<cfg>"
   // kernel, host only, at trace time. Scale leading dimensions follow gemm_api.h's rule.

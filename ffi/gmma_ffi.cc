@@ -153,7 +153,8 @@ ffi::Error launch(const KernelEntry* entry, GemmArgs& g, cudaStream_t stream) {
 ffi::Error Fp8GemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
                        ffi::AnyBuffer a_scale, ffi::AnyBuffer b_scale, ffi::AnyBuffer bias,
                        ffi::Result<ffi::AnyBuffer> d, ffi::Result<ffi::AnyBuffer> workspace,
-                       std::string_view config, int32_t splits, int32_t sm_count, bool has_bias) {
+                       std::string_view config, int32_t splits, int32_t sm_count, bool has_bias,
+                       int32_t swizzle, int32_t raster) {
   HostTimer timer;
   constexpr std::string_view kTarget = "jax_gmma_fp8_gemm";
   int64_t m, n, k;
@@ -176,6 +177,8 @@ ffi::Error Fp8GemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
   g.b_scale = static_cast<const float*>(b_scale.untyped_data());
   g.a_scale_per_row = as == m && m != 1;
   g.b_scale_per_col = bs == n && n != 1;
+  g.swizzle = swizzle;  // checked by the kernel's can_implement at trace time
+  g.raster = raster;
   return launch(entry, g, stream);
 }
 
@@ -305,7 +308,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxGmmaFp8Gemm, jax_gmma::Fp8GemmImpl,
                                   .Attr<std::string_view>("config")
                                   .Attr<int32_t>("splits")
                                   .Attr<int32_t>("sm_count")
-                                  .Attr<bool>("has_bias"),
+                                  .Attr<bool>("has_bias")
+                                  .Attr<int32_t>("swizzle")   // tile order, see GemmArgs
+                                  .Attr<int32_t>("raster"),
                               JAX_GMMA_GRAPH_SAFE_TRAITS);
 
 // The handler's address for the nanobind module (which does not include the XLA headers).

@@ -53,6 +53,11 @@ _ALL = [
     # multicast), halving its L2 reads.
     KernelConfig("swap_128x64x128_c2x1_coop_streamk_2lvl", (128, 64, 128), (2, 1), "cooperative", True, True,
                  "2lvl"),
+    # Fast-accumulation decode (fast_accum=True) where the weight rows need stream-K.
+    KernelConfig("swap_128x16x128_coop_streamk_fast", (128, 16, 128), (1, 1), "cooperative", True, True, "fast"),
+    KernelConfig("swap_128x32x128_coop_streamk_fast", (128, 32, 128), (1, 1), "cooperative", True, True, "fast"),
+    KernelConfig("swap_128x64x128_c2x1_coop_streamk_fast", (128, 64, 128), (2, 1), "cooperative", True, True,
+                 "fast"),
 ]
 
 
@@ -74,11 +79,54 @@ _SWEEP = [
                  sweep=True),
     KernelConfig("64x128x128_c1x2_pingpong_2lvl", (64, 128, 128), (1, 2), "pingpong", False, False, "2lvl",
                  sweep=True),
+    # M = 33..64 with many weight rows (session 7 candidates): a 4x1 cluster sharing the
+    # activation tile four ways; the unswapped 64-token ping-pong tile with fast accumulation.
+    KernelConfig("swap_128x64x128_c4x1_coop_streamk_2lvl", (128, 64, 128), (4, 1), "cooperative", True, True,
+                 "2lvl", sweep=True),
+    KernelConfig("swap_128x64x128_c4x1_coop_streamk_fast", (128, 64, 128), (4, 1), "cooperative", True, True,
+                 "fast", sweep=True),
+    KernelConfig("64x128x128_c1x2_pingpong_fast", (64, 128, 128), (1, 2), "pingpong", False, False, "fast",
+                 sweep=True),
 ]
 _ALL += _SWEEP
 CONFIGS = {c.name: c for c in _ALL}
 #: The dtype triple sweep-only kernels are built for.
 SWEEP_DTYPES = ("float8_e4m3fn", "float8_e4m3fn", "bfloat16")
+
+
+#: Tile order of the persistent / stream-K schedulers: runtime arguments of every config (no
+#: extra kernels). swizzle: CUTLASS's max_swizzle_size, consecutive CTAs take tiles in groups
+#: this wide (L2 reuse of the operand strips they share); raster: the dimension the tile walk
+#: runs along first ("auto" = CUTLASS's heuristic: along the dimension with fewer tiles).
+SWIZZLES = (1, 2, 4, 8)
+RASTERS = {"auto": 0, "m": 1, "n": 2}
+
+
+def check_tile_order(swizzle, raster) -> None:
+  """Raises ValueError (naming the argument) for a swizzle / raster outside the options;
+  None means "the heuristic's choice"."""
+  if swizzle is not None and (isinstance(swizzle, bool) or swizzle not in SWIZZLES):
+    raise ValueError(f"swizzle must be one of {SWIZZLES} or None, got {swizzle!r}")
+  if raster is not None and raster not in RASTERS:
+    raise ValueError(f"raster must be one of {tuple(RASTERS)} or None, got {raster!r}")
+
+
+def select_tile_order(problem: GemmProblem, cfg: KernelConfig, *, swizzle=None, raster=None) -> tuple:
+  """(swizzle, raster) for a problem and config: the caller's where given, else the rule.
+
+  Data-parallel large-M configs: walk the tiles along M, in groups of 8 N tiles when the N tile
+  count is a multiple of 8 (a swizzle pads the grid to a multiple of itself: 28 N tiles with
+  swizzle 8 ran 14-18% slower), else ungrouped. Measured against CUTLASS's heuristic (ungrouped,
+  along the dimension with fewer tiles) with the fast tiles (session7/sweep_tile_order):
+  8192^3 881.8 vs 901.6 us, 4096x7168x16384 743.9 vs 769.6, 4096x2112x7168 105.9 vs 108.5,
+  2048x8192x8192 206.7 vs 205.5. Decode (swap-AB) and stream-K configs keep CUTLASS's default
+  (1, "auto").
+  """
+  check_tile_order(swizzle, raster)
+  rule = (1, "auto")
+  if not cfg.swap_ab and not cfg.stream_k:
+    rule = (8 if math.ceil(problem.n / cfg.tile[1]) % 8 == 0 else 1, "m")
+  return (rule[0] if swizzle is None else int(swizzle)), (rule[1] if raster is None else raster)
 
 
 def get_config(name: str) -> KernelConfig:
@@ -159,7 +207,10 @@ def select_config(problem: GemmProblem, sm_count: int, *, fast_accum: bool = Fal
   splits: 1 = data-parallel, > 1 = split-K (deterministic reduction), 0 = CUTLASS's stream-K
   heuristic (stream-K configs only).
 
-  Decode (M <= 64): swap-AB with the smallest N tile covering M. 64-row ping-pong tiles (no
+  Decode (M <= 64): swap-AB with the smallest N tile covering M. With fast_accum, the stream-K
+  configs' fast-accumulation twins (16- and 32-token tiles, and the 64-token 2x1 cluster);
+  the ping-pong and the 64-token split-K decode tiles exist with two-level accumulation only,
+  which fast_accum=True then runs (more precise, never less). 64-row ping-pong tiles (no
   workspace) when the weight rows make at most one wave of them; more weight rows: 128-row
   cooperative tiles with CUTLASS's stream-K decomposition (measured at N = 28672: 5-11% faster
   than 3.4 waves of 64-row tiles), as 2x1 clusters for 64-token tiles (M = 33..64); fewer than a third of the SMs' worth of 64-row tiles
@@ -186,12 +237,15 @@ def select_config(problem: GemmProblem, sm_count: int, *, fast_accum: bool = Fal
         # 64-token tiles: a 2x1 cluster shares the activation tile by TMA multicast. Measured
         # (session6/sweep_decode): N = 28672, K = 8192: M = 48 65.9 vs 71.6 us, M = 64 66.3 vs
         # 66.5 us against the single-CTA 128x64 stream-K kernel.
-        cfg = CONFIGS[f"swap_128x{tn}x128_c2x1_coop_streamk_2lvl" if tn == 64
-                      else f"swap_128x{tn}x128_coop_streamk_2lvl"]
+        # fast_accum: the fast-accumulation twin (1-5% faster, session7/sweep_decode).
+        cfg = CONFIGS[(f"swap_128x{tn}x128_c2x1_coop_streamk" if tn == 64
+                       else f"swap_128x{tn}x128_coop_streamk") + ("_fast" if fast_accum else "_2lvl")]
         if splits is None:
           splits = STREAM_K_HEURISTIC
       elif tiles < sm_count // SPLIT_BELOW_SM_FRACTION:
-        cfg = CONFIGS[f"swap_128x{tn}x128_coop_streamk_2lvl"]
+        # K split over few weight rows; the fast twins exist for 16- and 32-token tiles.
+        fast = fast_accum and tn < 64
+        cfg = CONFIGS[f"swap_128x{tn}x128_coop_streamk_{'fast' if fast else '2lvl'}"]
     else:
       cfg = CONFIGS["128x256x128_c1x1_coop_streamk_fast" if fast_accum
                     else "128x128x128_c1x1_coop_streamk_2lvl"]

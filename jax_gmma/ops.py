@@ -39,23 +39,25 @@ def _problem_from_avals(a, b, a_scale, b_scale, bias, out_dtype, has_bias):
       bias_shape=bias.shape if has_bias else None, out_dtype=out_dtype)
 
 
-def plan(problem: shapes.GemmProblem, sm_count: int, *, fast_accum=False, config=None, splits=None):
-  """(KernelConfig, splits, workspace bytes) for a problem; raises ValueError when CUTLASS's
-  can_implement rejects it. Host-only; needs the built extension."""
+def plan(problem: shapes.GemmProblem, sm_count: int, *, fast_accum=False, config=None, splits=None,
+         swizzle=None, raster=None):
+  """(KernelConfig, splits, workspace bytes, (swizzle, raster)) for a problem; raises ValueError
+  when CUTLASS's can_implement rejects it. Host-only; needs the built extension."""
   cfg, s = configs.select_config(problem, sm_count, fast_accum=fast_accum, config=config, splits=splits)
+  order = configs.select_tile_order(problem, cfg, swizzle=swizzle, raster=raster)
   err, ws = _backend.ext().check(cfg.name, problem.a_dtype.name, problem.b_dtype.name,
                                  problem.out_dtype.name, problem.m, problem.n, problem.k, s, sm_count,
                                  problem.a_scale == "row", problem.b_scale == "channel",
-                                 problem.has_bias)
+                                 problem.has_bias, order[0], configs.RASTERS[order[1]])
   if err:
     raise ValueError(f"jax_gmma: kernel {cfg.name} (splits={s}) cannot run {problem}: {err}")
-  return cfg, s, ws
+  return cfg, s, ws, order
 
 
 def _cuda_lowering(ctx, a, b, a_scale, b_scale, bias, *, out_dtype, has_bias, fast_accum, config,
-                   splits):
+                   splits, swizzle, raster):
   params = dict(out_dtype=out_dtype, has_bias=has_bias, fast_accum=fast_accum, config=config,
-                splits=splits)
+                splits=splits, swizzle=swizzle, raster=raster)
   dev = _backend.check_cuda_kernels("fp8_gemm")
   if dev is None:  # the user opted in to the reference path
     return mlir.lower_fun(fp8_gemm_reference, multiple_results=False)(ctx, a, b, a_scale, b_scale,
@@ -64,14 +66,16 @@ def _cuda_lowering(ctx, a, b, a_scale, b_scale, bias, *, out_dtype, has_bias, fa
   _backend.prepare_devices()
   problem = _problem_from_avals(*ctx.avals_in, out_dtype, has_bias)
   sm_count = int(dev.core_count)
-  cfg, s, ws = plan(problem, sm_count, fast_accum=fast_accum, config=config, splits=splits)
+  cfg, s, ws, (sw, ro) = plan(problem, sm_count, fast_accum=fast_accum, config=config, splits=splits,
+                              swizzle=swizzle, raster=raster)
   # The workspace (stream-K partials and flags) is a second result: XLA owns the memory, so it
   # is valid under CUDA-graph replay and nothing is allocated at run time.
   ws_aval = ShapedArray((max(int(ws), 16),), np.dtype(np.uint8))
   rule = jax.ffi.ffi_lowering(_backend.FP8_GEMM_TARGET)
   sub = ctx.replace(avals_out=[ctx.avals_out[0], ws_aval])
   results = rule(sub, a, b, a_scale, b_scale, bias, config=cfg.name, splits=np.int32(s),
-                 sm_count=np.int32(sm_count), has_bias=bool(has_bias))
+                 sm_count=np.int32(sm_count), has_bias=bool(has_bias), swizzle=np.int32(sw),
+                 raster=np.int32(configs.RASTERS[ro]))
   return [results[0]]
 
 
@@ -89,7 +93,8 @@ def _as_scale(x):
 
 
 def fp8_gemm(a, b, a_scale=None, b_scale=None, *, bias=None, out_dtype=jnp.bfloat16,
-             fast_accum: bool = False, config: Optional[str] = None, splits: Optional[int] = None):
+             fast_accum: bool = False, config: Optional[str] = None, splits: Optional[int] = None,
+             swizzle: Optional[int] = None, raster: Optional[str] = None):
   """FP8 GEMM with scales: ``out = a_scale * b_scale * (a @ b.T) + bias``.
 
   Args:
@@ -102,6 +107,9 @@ def fp8_gemm(a, b, a_scale=None, b_scale=None, *, bias=None, out_dtype=jnp.bfloa
     fast_accum: accumulate only in the tensor cores' accumulators (faster for large K, less
       precise); default is two-level accumulation (fp32 promotion every 128 of K).
     config, splits: force a kernel config (see ``jax_gmma.configs``) and K split count.
+    swizzle, raster: force the tile order of the kernel's scheduler (``configs.SWIZZLES``:
+      tiles taken in groups of 1, 2, 4 or 8; ``configs.RASTERS``: "auto", "m" or "n"); None =
+      the heuristic's (``configs.select_tile_order``). Same results, different speed.
 
   Scales are the *dequantization* scales: a_real = a * a_scale. Runs the CUTLASS kernel on
   Hopper GPUs and the pure-JAX reference elsewhere (on CUDA GPUs without a kernel only when
@@ -123,6 +131,7 @@ def fp8_gemm(a, b, a_scale=None, b_scale=None, *, bias=None, out_dtype=jnp.bfloa
       bias_dtype=None if bias_arr is None else bias_arr.dtype, out_dtype=out_dtype)
   if config is not None:
     configs.get_config(config)
+  configs.check_tile_order(swizzle, raster)
   a2 = a.reshape(problem.m, problem.k)
   sa = _as_scale(a_scale_arr)
   sb = _as_scale(b_scale_arr)
@@ -133,5 +142,6 @@ def fp8_gemm(a, b, a_scale=None, b_scale=None, *, bias=None, out_dtype=jnp.bfloa
   else:
     bias_in = sb  # placeholder operand, ignored (has_bias=False)
   out = fp8_gemm_p.bind(a2, b, sa, sb, bias_in, out_dtype=out_dtype, has_bias=bias_arr is not None,
-                        fast_accum=bool(fast_accum), config=config, splits=splits)
+                        fast_accum=bool(fast_accum), config=config, splits=splits,
+                        swizzle=None if swizzle is None else int(swizzle), raster=raster)
   return out.reshape(shapes.output_shape(problem))

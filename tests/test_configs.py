@@ -47,6 +47,20 @@ def test_decode_many_weight_rows_streams_with_stream_k():
     assert (cfg.name, s) == (want, configs.STREAM_K_HEURISTIC), (m, cfg.name, s)
 
 
+def test_fast_accum_decode_takes_the_fast_twin():
+  # Stream-K decode tiles have fast-accumulation twins; 64-row ping-pong tiles and the 64-token
+  # split-K tile do not, and fast_accum then runs the two-level kernel.
+  for m, want in ((1, "swap_128x16x128_coop_streamk_fast"), (32, "swap_128x32x128_coop_streamk_fast"),
+                  (64, "swap_128x64x128_c2x1_coop_streamk_fast")):
+    cfg, s = configs.select_config(prob(m, 28672, 8192), 132, fast_accum=True)
+    assert (cfg.name, s, cfg.accum) == (want, configs.STREAM_K_HEURISTIC, "fast"), (m, cfg.name, s)
+  assert configs.select_config(prob(1, 8192, 8192), 132, fast_accum=True)[0].name == "swap_64x16x128_pingpong_2lvl"
+  assert configs.select_config(prob(1, 1024, 8192), 132, fast_accum=True)[0].name == \
+      "swap_128x16x128_coop_streamk_fast"
+  assert configs.select_config(prob(64, 1024, 8192), 132, fast_accum=True)[0].name == \
+      "swap_128x64x128_coop_streamk_2lvl"
+
+
 def test_fast_accum_picks_fast_variant_for_large():
   cfg, _ = configs.select_config(prob(8192, 8192, 8192), 132, fast_accum=True)
   assert cfg.name == "128x256x128_c2x1_coop_fast"
@@ -106,15 +120,45 @@ def test_sweep_config_dtype_rule():
       assert not configs.select_config(prob(m, n, k), 132, fast_accum=fast)[0].sweep
 
 
+def test_tile_order_rules():
+  big = configs.CONFIGS["128x256x128_c2x1_coop_fast"]
+  # Large-M data-parallel: along M, groups of 8 N tiles when they divide the N tiles.
+  assert configs.select_tile_order(prob(8192, 8192, 8192), big) == (8, "m")
+  assert configs.select_tile_order(prob(4096, 7168, 16384), big) == (1, "m")  # 28 N tiles
+  assert configs.select_tile_order(prob(4096, 2112, 7168), configs.CONFIGS["128x192x128_c2x1_coop_fast"]) == \
+      (1, "m")
+  assert configs.select_tile_order(prob(64, 256, 1024), big, swizzle=4, raster="n") == (4, "n")
+  assert configs.select_tile_order(prob(8192, 8192, 8192), big, raster="n") == (8, "n")
+  # Decode and stream-K: CUTLASS's default.
+  assert configs.select_tile_order(prob(1, 8192, 8192), configs.CONFIGS["swap_64x16x128_pingpong_2lvl"]) == \
+      (1, "auto")
+  assert configs.select_tile_order(prob(300, 8192, 8192), configs.CONFIGS["128x128x128_c1x1_coop_streamk_2lvl"]) \
+      == (1, "auto")
+  for bad in (3, 0, 16, True, 2.5):
+    with pytest.raises(ValueError, match="swizzle must be one of"):
+      configs.check_tile_order(bad, None)
+  for bad in ("x", "M", 1):
+    with pytest.raises(ValueError, match="raster must be one of"):
+      configs.check_tile_order(None, bad)
+
+
 def test_trace_time_checks_through_extension():
   """CUTLASS can_implement / workspace size run on the host, no GPU needed."""
   from jax_gmma import _backend, ops
   if not _backend.kernels_built():
     pytest.skip("jax_gmma was built without CUDA kernels")
-  cfg, s, ws = ops.plan(prob(1, 8192, 8192), 132)
-  assert cfg.swap_ab and s >= 1 and ws >= 0
-  cfg, s, ws = ops.plan(prob(8192, 8192, 8192), 132)
+  cfg, s, ws, order = ops.plan(prob(1, 8192, 8192), 132)
+  assert cfg.swap_ab and s >= 1 and ws >= 0 and order == (1, "auto")
+  assert ops.plan(prob(8192, 8192, 8192), 132, fast_accum=True)[3] == (8, "m")
+  cfg, s, ws, _ = ops.plan(prob(8192, 8192, 8192), 132, swizzle=8, raster="m")
   assert ws >= 0
+  # The kernel's can_implement checks the tile order too (the Python rule runs first).
+  err, _ = _backend.ext().check(cfg.name, "float8_e4m3fn", "float8_e4m3fn", "bfloat16", 256, 256, 256, 1,
+                                132, False, False, False, 3, 0)
+  assert "swizzle" in err
+  err, _ = _backend.ext().check(cfg.name, "float8_e4m3fn", "float8_e4m3fn", "bfloat16", 256, 256, 256, 1,
+                                132, False, False, False, 1, 5)
+  assert "raster" in err
   err, _ = _backend.ext().check("nope", "float8_e4m3fn", "float8_e4m3fn", "bfloat16", 1, 16, 16, 1,
                                 132, False, False, False)
   assert "no kernel" in err

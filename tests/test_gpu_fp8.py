@@ -99,6 +99,29 @@ def test_every_config(name):
              fast_accum=cfg.accum == "fast")
 
 
+@pytest.mark.parametrize("config,splits", [("128x256x128_c2x1_coop_fast", 1), ("128x192x128_c2x1_coop_2lvl", 1),
+                                           ("128x128x128_c1x1_coop_streamk_2lvl", 0),
+                                           ("swap_128x16x128_coop_streamk_2lvl", 0)])
+def test_tile_order_same_bits(config, splits):
+  # The scheduler's swizzle / raster only reorder the tiles: bit-identical outputs for
+  # data-parallel grids; stream-K may cut a tile's K range elsewhere (a different rounding).
+  m, n, k = (16, 4096, 1024) if config.startswith("swap") else (1000, 1544, 1024)
+  a = rand_fp8(_key(), (m, k), E4)
+  b = rand_fp8(_key(), (n, k), E4)
+  f = lambda sw, ro: jax.jit(lambda a, b: jax_gmma.fp8_gemm(a, b, config=config, splits=splits, swizzle=sw,
+                                                            raster=ro))(a, b)
+  base = np.asarray(f(None, None).astype(jnp.float32))
+  ref = jax_gmma.fp8_gemm_reference(a, b, jnp.ones(1), jnp.ones(1), None, out_dtype=jnp.float32,
+                                    has_bias=False)
+  assert float(_compare(jnp.asarray(base), ref)[0]) < 4 * TOL[jnp.bfloat16]
+  for sw, ro in ((2, "m"), (4, "n"), (8, "auto"), (8, "m")):
+    out = np.asarray(f(sw, ro).astype(jnp.float32))
+    if splits == 1:
+      np.testing.assert_array_equal(out, base, err_msg=f"{sw} {ro}")
+    else:
+      assert float(_compare(jnp.asarray(out), ref)[0]) < 4 * TOL[jnp.bfloat16], (sw, ro)
+
+
 def test_batch_dims():
   a = rand_fp8(_key(), (2, 3, 256), E4)
   b = rand_fp8(_key(), (64, 256), E4)

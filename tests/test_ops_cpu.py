@@ -70,6 +70,20 @@ def test_errors_are_raised_at_trace_time():
     jax_gmma.fp8_gemm(jnp.zeros((4, 24), jnp.float8_e4m3fn), jnp.zeros((16, 24), jnp.float8_e4m3fn))
 
 
+def test_tile_order_arguments():
+  rng = np.random.default_rng(4)
+  a, b = rand_fp8(rng, (8, 64)), rand_fp8(rng, (16, 64))
+  with pytest.raises(ValueError, match="swizzle must be one of"):
+    jax.jit(lambda a, b: jax_gmma.fp8_gemm(a, b, swizzle=3))(a, b)
+  with pytest.raises(ValueError, match="raster must be one of"):
+    jax_gmma.fp8_gemm(a, b, raster="diagonal")
+  # Same values whatever the tile order (here the reference path; the kernel on the GPU tests).
+  ref = np.asarray(jax_gmma.fp8_gemm(a, b, out_dtype=jnp.float32))
+  out = np.asarray(jax.jit(lambda a, b: jax_gmma.fp8_gemm(a, b, out_dtype=jnp.float32, swizzle=8,
+                                                          raster="m"))(a, b))
+  np.testing.assert_array_equal(out, ref)
+
+
 def test_dot_quantizes_activations():
   rng = np.random.default_rng(3)
   x = rng.standard_normal((2, 7, 256)).astype(np.float32)

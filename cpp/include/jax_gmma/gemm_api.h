@@ -59,6 +59,12 @@ struct GemmArgs {
   const void* b_sf = nullptr;
   const float* a_global_scale = nullptr;
   const float* b_global_scale = nullptr;
+  // Tile order of the persistent / stream-K tile schedulers (sm90 tensorwise family): CUTLASS's
+  // max_swizzle_size (1, 2, 4 or 8: consecutive CTAs take tiles in groups this wide, for L2
+  // reuse) and raster order (0 = CUTLASS's heuristic, 1 = along M, 2 = along N). Runtime
+  // arguments of the same kernels.
+  int32_t swizzle = 1;
+  int32_t raster = 0;
 };
 
 // Bytes of a swizzled 128x4-atom scale-factor tensor for `rows` rows and K blocks of `vec`
