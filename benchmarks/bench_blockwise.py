@@ -323,6 +323,7 @@ def bench_gemm(run: BRun, suite: str, m: int, n: int, k: int, max_sets: int = MA
   plan[1:1] = [(f"{OURS}[{name}]", functools.partial(jax_gmma.blockwise_gemm, out_dtype=BF16, config=name),
                 "bw") for name in args.configs]
   for impl, fn_, fmt in plan:
+    ours_kernel = impl in (OURS, PERT) or impl.startswith(f"{OURS}[")  # checked, never a peer
     try:
       fn, calls = compile_jax(fn_, sets[fmt][0])
       if fmt == "mx":  # its own reference, computed when needed (frees the others first)
@@ -338,12 +339,12 @@ def bench_gemm(run: BRun, suite: str, m: int, n: int, k: int, max_sets: int = MA
         extra = dict(path=run.ours_path(calls))
       elif impl == JNN:
         extra = dict(quantizer=MX_QUANTIZER, path="emulated" if run.jnn_emulated else "jax")
-      if (impl in (OURS, PERT) or impl.startswith(f"{OURS}[")) and not err < TOL:  # also catches NaN
+      if ours_kernel and not err < TOL:  # also catches NaN
         run.fail(f"{suite} {shape} {impl}: rel_err {err:.3e} >= {TOL}")
       record(impl, time_jax(fn, sets[fmt], args.repeats, run.target_s), err, calls, **extra)
       del fn
     except Exception as e:
-      if impl in (OURS, PERT) or impl.startswith(f"{OURS}["):
+      if ours_kernel:
         run.fail(f"{suite} {shape} {impl} crashed:\n{traceback.format_exc()}")
       else:
         run.peer_error(f"{suite} {shape} {impl}", e)

@@ -14,9 +14,10 @@ e4m3 x e4m3 -> bf16, cpp/sm90_fp8_gemm_tensorwise_sweep.cu) pin 2..6 stages, and
 tiles are built only for the sweep. --configs REGEX restricts the configs, --shapes MxNxK,...
 the shapes. Each shape also gets reference rows timed the same way: XLA's FP8 GEMM (fp8 operands
 straight into dot_general, which XLA lowers to cuBLASLt) with DEFAULT precision (XLA's fast
-accumulation) and HIGHEST (without it). --swizzles 1,2,4,8 and --rasters auto,m,n time every
-config under those tile orders of its scheduler too (runtime arguments, same kernels; rows named
-`<config> sw<N> r<raster>`). Writes OUT/sweep_<suite>.json and OUT/sweep_<suite>.md.
+accumulation) and HIGHEST (without it). Each config runs under the tile order of its scheduler
+that production picks (configs.select_tile_order); --swizzles 1,2,4,8 and --rasters auto,m,n
+time those tile orders instead (runtime arguments, same kernels; rows other than the
+heuristic's order are named `<config> sw<N> r<raster>`). Writes OUT/sweep_<suite>.json and OUT/sweep_<suite>.md.
 """
 from __future__ import annotations
 
@@ -80,7 +81,7 @@ def time_fn(f, args, repeats, iters=4):
   return float(np.median(ts))
 
 
-def sweep_shape(m, n, k, repeats, sm_count, pattern=None, orders=((1, "auto"),)):
+def sweep_shape(m, n, k, repeats, sm_count, pattern=None, orders=((None, None),)):
   key = jax.random.PRNGKey(m * 7 + n + k)
   # G GEMMs per call, each with its own weight, so the weights stream from HBM (>= 200 MB per
   # call at every swept shape) and per-call dispatch is amortized: 32 for small M, 8 for large.
@@ -108,19 +109,22 @@ def sweep_shape(m, n, k, repeats, sm_count, pattern=None, orders=((1, "auto"),))
                      tflops=2 * m * n * k / t / 1e12, weight_gbs=n * k / t / 1e9,
                      pick=False, pick_fast=False, reference=True))
   for cfg, s in candidates(m, pattern):
-    for sw, ro in orders:
+    heuristic = configs.select_tile_order(prob, cfg)
+    for order in orders:
+      # None = the heuristic's (swizzle, raster), the tile order production runs.
+      sw, ro = configs.select_tile_order(prob, cfg, swizzle=order[0], raster=order[1])
       def f(a, ws, cfg=cfg, s=s, sw=sw, ro=ro):
         return [jax_gmma.fp8_gemm(a, ws[i % pool], sa, sb, config=cfg.name, splits=s, swizzle=sw, raster=ro)
                 for i in range(g)]
-      # The default tile order keeps the plain config name (rows compare across sweeps).
-      label = cfg.name if (sw, ro) == (1, "auto") else f"{cfg.name} sw{sw} r{ro}"
+      # The heuristic's tile order keeps the plain config name (rows compare across sweeps).
+      default = (sw, ro) == heuristic
+      label = cfg.name if default else f"{cfg.name} sw{sw} r{ro}"
       try:
         t = time_fn(jax.jit(f), (a, ws), repeats) / g
       except Exception as e:  # a config that cannot run this shape
         rows.append(dict(m=m, n=n, k=k, config=label, kernel=cfg.name, splits=s, swizzle=sw, raster=ro,
                          error=str(e).splitlines()[0][:120]))
         continue
-      default = (sw, ro) == configs.select_tile_order(prob, cfg)
       rows.append(dict(m=m, n=n, k=k, config=label, kernel=cfg.name, splits=s, swizzle=sw, raster=ro,
                        us=t * 1e6, tflops=2 * m * n * k / t / 1e12, weight_gbs=n * k / t / 1e9,
                        pick=default and (cfg.name, s) == (pick[0].name, pick[1]),
@@ -137,16 +141,18 @@ def main():
   p.add_argument("--shapes", default=None, type=lambda v: [tuple(int(x) for x in t.split("x"))
                                                            for t in v.split(",") if t],
                  help="comma-separated MxNxK shapes instead of the suite's")
-  p.add_argument("--swizzles", default="1", type=lambda v: [int(x) for x in v.split(",") if x],
-                 help="tile-order swizzles to time per config (comma list of 1, 2, 4, 8)")
-  p.add_argument("--rasters", default="auto", type=lambda v: [x for x in v.split(",") if x],
-                 help="tile-order rasters to time per config (comma list of auto, m, n)")
+  p.add_argument("--swizzles", default=None, type=lambda v: [int(x) for x in v.split(",") if x],
+                 help="tile-order swizzles to time per config (comma list of 1, 2, 4, 8; default: the "
+                      "heuristic's, configs.select_tile_order)")
+  p.add_argument("--rasters", default=None, type=lambda v: [x for x in v.split(",") if x],
+                 help="tile-order rasters to time per config (comma list of auto, m, n; default: the "
+                      "heuristic's)")
   args = p.parse_args()
-  for sw in args.swizzles:
+  for sw in args.swizzles or ():
     configs.check_tile_order(sw, None)
-  for ro in args.rasters:
+  for ro in args.rasters or ():
     configs.check_tile_order(None, ro)
-  orders = [(sw, ro) for sw in args.swizzles for ro in args.rasters]
+  orders = [(sw, ro) for sw in (args.swizzles or [None]) for ro in (args.rasters or [None])]
   dev = jax.devices()[0]
   sm = int(getattr(dev, "core_count", 132))
   shapes_ = args.shapes or {"decode": DECODE, "large": LARGE, "all": DECODE + LARGE}[args.suite]
