@@ -171,7 +171,7 @@ def bench_decode(args, rows, fails, shapes, ms, impls):
                    weight_bytes=wb, gbps=wb / (us * 1e-6) / 1e9, rel_err=err, distinct_weights=d,
                    lowered_to=calls)
         if impl.startswith("ours_") and impl != "ours_fp8":
-          row["tile"] = wo.pick_tile(m, n)
+          row["tile"] = wo.pick_cta(m, n, k, WO_IMPLS[impl])
         rows.append(row)
         print(f"  {m:3d}x{n}x{k} {impl:18s} {us:8.2f} us/GEMM {row['gbps']:7.0f} GB/s "
               f"rel_err {err:.1e} [{', '.join(calls) or 'XLA'}]", flush=True)

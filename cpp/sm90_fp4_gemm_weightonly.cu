@@ -18,10 +18,13 @@
 //    gives v * scale * 2^-10 exactly (at most 6 significant bits, within bf16's normal range
 //    for every e4m3 scale and for E8M0 scales 2^-115 .. 2^11); the epilogue multiplies by
 //    2^10. Block scales are stored as codes from which F is one integer multiply-add.
-//  * CTA = 8 warps on `RS` 16-row strips and `NT` 8-token tiles; the warps split K (interleaved
-//    64-K steps, so the CTA streams contiguous 4 KB runs), each prefetches its next step into
-//    registers, and a shared-memory reduction ends in a direct epilogue (alpha, bias, cast):
-//    no workspace, no second kernel, nothing but the launch -- CUDA-graph safe.
+//  * CTA = `WR` row groups of `WK` warps; each warp owns `RS` 16-row strips and `NT` 8-token
+//    tiles, the WK warps of a group split K (interleaved 64-K steps, so a group streams
+//    contiguous WK x 512-byte runs), each prefetches its next steps into registers, and a
+//    shared-memory reduction over the WK warps ends in a direct epilogue (alpha, bias, cast):
+//    no workspace, no second kernel, nothing but the launch -- CUDA-graph safe. The shapes
+//    built are kWoCtaShapes (weightonly_common.cuh); weightonly_pick chooses by M, N, K and
+//    format: the K split sets how many warps stream the weight at once (measured).
 //
 // Also here: the FP4 unpack kernels of the prefill path (weightonly_unpack_run, the dispatcher
 // of all formats): the same per-lane decode (lane_scales + fp4_slice), written out as a plain
@@ -90,8 +93,8 @@ __device__ __forceinline__ void fp4_slice(uint32_t w, uint32_t f_lo, uint32_t f_
   a[3] = mul_bf16x2(e2m1_pair3(w), f_hi);  // row g + 8, k 4q + 2, 3
 }
 
-template <int RS, int NT, WoScale S, typename OutT, int D>
-__global__ void __launch_bounds__(kWarps * 32) wo_gemm_kernel(const WoParams p) {
+template <int RS, int NT, int WK, int WR, WoScale S, typename OutT, int D>
+__global__ void __launch_bounds__(WK * WR * 32) wo_gemm_kernel(const WoParams p) {
   static_assert(D % 2 == 0, "the activation double buffer is indexed by step parity");
   constexpr int kScaleBytes = S == WoScale::kNv16 ? 64 : 32;
   constexpr int kCols = NT * 8;
@@ -99,7 +102,8 @@ __global__ void __launch_bounds__(kWarps * 32) wo_gemm_kernel(const WoParams p) 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int64_t ksteps = p.k / 64;
-  const int64_t strip0 = static_cast<int64_t>(blockIdx.x) * RS;
+  const WarpPlace<RS, WK, WR> at(blockIdx.x, warp);
+  const int64_t strip0 = at.strip0;
   const int64_t tok0 = static_cast<int64_t>(blockIdx.y) * kCols;
   const int sc_off = scale_offset<S>(g, t);
   const uint8_t* wbase = p.w + strip0 * ksteps * kTileBytes + lane * 16;
@@ -109,22 +113,22 @@ __global__ void __launch_bounds__(kWarps * 32) wo_gemm_kernel(const WoParams p) 
   float acc[RS][NT][4];
   zero_acc(acc);
 
-  // This warp's K steps are warp, warp + kWarps, ...: step i of the warp is K step
-  // warp + i * kWarps. Weights and scales run D steps ahead in a register ring, the
-  // activations (L2-resident) one step ahead.
-  const int64_t nsteps = warp_ksteps(ksteps, warp);
+  // This warp's K steps are wk, wk + WK, ...: step i of the warp is K step wk + i * WK.
+  // Weights and scales run D steps ahead in a register ring, the activations (L2-resident)
+  // one step ahead; the kWarps / WK row groups of a CTA read the same activations.
+  const int64_t nsteps = warp_ksteps<WK>(ksteps, at.wk);
   uint4 wr[D][RS];
   uint32_t sr[D][RS];
   uint4 xr[2][NT][2];
   auto load_w = [&](int64_t i, uint4 (&w)[RS], uint32_t (&s)[RS]) {
-    const int64_t j = warp + i * kWarps;
+    const int64_t j = at.wk + i * WK;
 #pragma unroll
     for (int r = 0; r < RS; ++r) {
       w[r] = ld_stream(wbase + (r * ksteps + j) * kTileBytes);
       s[r] = ld_u16(sbase + (r * ksteps + j) * kScaleBytes);
     }
   };
-  auto load_x = [&](int64_t i, uint4 (&x)[NT][2]) { xrows.load(warp + i * kWarps, x); };
+  auto load_x = [&](int64_t i, uint4 (&x)[NT][2]) { xrows.load(at.wk + i * WK, x); };
 #pragma unroll
   for (int u = 0; u < D; ++u)
     if (u < nsteps) load_w(u, wr[u], sr[u]);
@@ -149,7 +153,7 @@ __global__ void __launch_bounds__(kWarps * 32) wo_gemm_kernel(const WoParams p) 
       nsteps, [&](int64_t i, int slot) { load_x(i, xr[slot]); }, step,
       [&](int64_t i, int slot) { load_w(i, wr[slot], sr[slot]); });
 
-  reduce_store<RS, NT, OutT>(p, acc, strip0, tok0);
+  reduce_store<RS, NT, WK, WR, OutT>(p, acc, at.cta_strip0, tok0);
 }
 
 // The unpack kernel's view of an FP4 tile (see wo_unpack_kernel in weightonly_common.cuh).
@@ -183,29 +187,65 @@ struct Fp4Tile {
 #endif
 
 template <WoScale S, typename OutT, int D = JAX_GMMA_WO_DEPTH>
-cudaError_t dispatch_tile(const WoArgs& a, int rows, int tokens, cudaStream_t stream) {
-  return dispatch_tile_shape(rows, tokens, [&](auto rs, auto nt) {
+cudaError_t dispatch_tile(const WoArgs& a, const WoCta& c, cudaStream_t stream) {
+  return dispatch_tile_shape(c.rows, c.tokens, c.k_warps, [&](auto rs, auto nt, auto wk, auto wr) {
     constexpr int RS = decltype(rs)::value, NT = decltype(nt)::value;
-    return launch_tile<RS, NT>(a, stream, wo_gemm_kernel<RS, NT, S, OutT, D>);
+    constexpr int WK = decltype(wk)::value, WR = decltype(wr)::value;
+    return launch_tile<RS, NT, WK, WR>(a, stream, wo_gemm_kernel<RS, NT, WK, WR, S, OutT, D>);
   });
-}
-
-void resolve(const WoArgs& a, int* rows, int* tokens) {
-  const int32_t pick = weightonly_pick(a.m, a.n, a.k);
-  *rows = a.rows_per_cta ? a.rows_per_cta : pick / 100;
-  *tokens = a.tokens_per_cta ? a.tokens_per_cta : pick % 100;
 }
 
 }  // namespace
 
-int32_t weightonly_pick(int64_t m, int64_t n, int64_t /*k*/) {
-  // Measured on the H200 (tools/bench_weightonly_kernel.cu): one 16-row strip and 8 tokens per
-  // CTA up to M = 8; 16 tokens beyond, with 32-row CTAs (half the activation reads per weight
-  // byte) once that still leaves a full wave of CTAs, and 64 rows for prefill-sized M.
-  const int tokens = m <= 8 ? 8 : 16;
-  int rows = m <= 8 ? 16 : (m <= 16 ? (n / 32 >= 132 ? 32 : 16) : 64);
-  while (rows > 16 && n % rows != 0) rows /= 2;
-  return rows * 100 + tokens;
+WoCta weightonly_pick(int64_t m, int64_t n, int64_t k, WoScale scale) {
+  // Measured on the H200, every shape of kWoCtaShapes at N x K = 28672 x 8192, 8192 x 8192,
+  // 8192 x 28672, 4096 x 14336 and M = 1, 4, 16, 64 (tools/bench_weightonly_kernel.cu;
+  // benchmarks/results/2026-11-30-h200/session8/wo_cta_shapes). The K split sets how many
+  // warps stream the weights at once: small N wants more warps per 16-row strip (16 at
+  // N = 4096), large N fewer (4 at N = 28672: fewer, longer-lived CTAs, a shorter tail).
+  // 16 tokens: 32 rows per CTA halves the activation reads per weight byte at large N.
+  const int64_t strips = n / 16;
+  const bool fp6 = scale == WoScale::kMx6E2M3 || scale == WoScale::kMx6E3M2;
+  WoCta c;
+  c.tokens = m <= 8 ? 8 : 16;
+  if (!fp6) {
+    if (m <= 8) {
+      c.rows = 16;
+      c.k_warps = strips <= 256 ? 16 : (strips <= 1024 ? 8 : 4);
+    } else if (m <= 16) {
+      c.rows = strips >= 1024 ? 32 : 16;
+      c.k_warps = strips >= 1024 ? 2 : (strips >= 512 ? 4 : 8);
+    } else {
+      c.rows = 32;
+      c.k_warps = strips <= 256 ? 4 : 2;
+    }
+  } else {
+    if (m <= 8) {
+      c.rows = strips >= 384 && strips < 1024 ? 32 : 16;
+      c.k_warps = 8;
+    } else if (m <= 16) {
+      c.rows = 16;
+      c.k_warps = strips >= 512 && k < 16384 ? 4 : 8;
+    } else {
+      c.rows = strips >= 1024 ? 32 : 64;
+      c.k_warps = 2;
+    }
+  }
+  if (n % c.rows != 0) {  // N is a multiple of 16: the 16-row, 8-warp shape always fits
+    c.rows = 16;
+    c.k_warps = 8;
+  }
+  return c;
+}
+
+WoCta weightonly_resolve(const WoArgs& a) {
+  const WoCta pick = weightonly_pick(a.m, a.n, a.k, a.scale);
+  if (!a.rows_per_cta && !a.tokens_per_cta && !a.k_warps) return pick;
+  WoCta c;
+  c.rows = a.rows_per_cta ? a.rows_per_cta : pick.rows;
+  c.tokens = a.tokens_per_cta ? a.tokens_per_cta : pick.tokens;
+  c.k_warps = a.k_warps ? a.k_warps : 8;
+  return c;
 }
 
 const char* weightonly_check(const WoArgs& a) {
@@ -218,26 +258,24 @@ const char* weightonly_check(const WoArgs& a) {
   if (a.scale != WoScale::kNv16 && a.scale != WoScale::kMx32 && a.scale != WoScale::kMx6E2M3 &&
       a.scale != WoScale::kMx6E3M2)
     return "unknown weight format (scale_kind)";
-  int rows = 0, tokens = 0;
-  resolve(a, &rows, &tokens);
-  if (rows != 16 && rows != 32 && rows != 64) return "rows_per_cta must be 16, 32 or 64";
-  if (tokens != 8 && tokens != 16) return "tokens_per_cta must be 8 or 16";
-  if (a.n % rows != 0) return "N must be a multiple of rows_per_cta";
-  if ((a.m + tokens - 1) / tokens > 65535) return "M too large";
+  const WoCta c = weightonly_resolve(a);
+  if (wo_cta_shape_index(c.rows, c.tokens, c.k_warps) < 0)
+    return "no kernel for this CTA shape (rows_per_cta, tokens_per_cta, k_warps): see kWoCtaShapes";
+  if (a.n % c.rows != 0) return "N must be a multiple of rows_per_cta";
+  if ((a.m + c.tokens - 1) / c.tokens > 65535) return "M too large";
   return nullptr;
 }
 
 cudaError_t weightonly_run(const WoArgs& a, cudaStream_t stream) {
   if (weightonly_check(a)) return cudaErrorInvalidValue;
-  int rows = 0, tokens = 0;
-  resolve(a, &rows, &tokens);
+  const WoCta c = weightonly_resolve(a);
   if (a.scale == WoScale::kMx6E2M3 || a.scale == WoScale::kMx6E3M2)
-    return weightonly_fp6_run(a, rows, tokens, stream);
+    return weightonly_fp6_run(a, c, stream);
   if (a.scale == WoScale::kNv16)
-    return a.d_is_f32 ? dispatch_tile<WoScale::kNv16, float>(a, rows, tokens, stream)
-                      : dispatch_tile<WoScale::kNv16, __nv_bfloat16>(a, rows, tokens, stream);
-  return a.d_is_f32 ? dispatch_tile<WoScale::kMx32, float>(a, rows, tokens, stream)
-                    : dispatch_tile<WoScale::kMx32, __nv_bfloat16>(a, rows, tokens, stream);
+    return a.d_is_f32 ? dispatch_tile<WoScale::kNv16, float>(a, c, stream)
+                      : dispatch_tile<WoScale::kNv16, __nv_bfloat16>(a, c, stream);
+  return a.d_is_f32 ? dispatch_tile<WoScale::kMx32, float>(a, c, stream)
+                    : dispatch_tile<WoScale::kMx32, __nv_bfloat16>(a, c, stream);
 }
 
 const char* weightonly_unpack_check(const WoUnpackArgs& a) {

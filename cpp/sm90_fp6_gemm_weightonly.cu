@@ -148,15 +148,16 @@ __device__ __forceinline__ void fp6_slice(const uint32_t (&raw)[8], int m, uint3
   scale_slice(a, f_lo, f_hi);
 }
 
-template <int RS, int NT, WoScale S, typename OutT, int D>
-__global__ void __launch_bounds__(kWarps * 32) wo6_gemm_kernel(const WoParams p) {
+template <int RS, int NT, int WK, int WR, WoScale S, typename OutT, int D>
+__global__ void __launch_bounds__(WK * WR * 32) wo6_gemm_kernel(const WoParams p) {
   static_assert(D % 2 == 0, "the activation double buffer is indexed by step parity");
   constexpr int kCols = NT * 8;
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int64_t ksteps = p.k / 64;
-  const int64_t strip0 = static_cast<int64_t>(blockIdx.x) * RS;
+  const WarpPlace<RS, WK, WR> at(blockIdx.x, warp);
+  const int64_t strip0 = at.strip0;
   const int64_t tok0 = static_cast<int64_t>(blockIdx.y) * kCols;
   const int sc_off = (8 * (t >> 1) + g) * 2;
   const uint8_t* wbase = p.w + strip0 * ksteps * kTileBytes + lane * 16;
@@ -167,13 +168,13 @@ __global__ void __launch_bounds__(kWarps * 32) wo6_gemm_kernel(const WoParams p)
   float acc[RS][NT][4];
   zero_acc(acc);
 
-  const int64_t nsteps = warp_ksteps(ksteps, warp);
+  const int64_t nsteps = warp_ksteps<WK>(ksteps, at.wk);
   uint4 wr[D][RS];
   uint2 wr2[D][RS];
   uint32_t sr[D][RS];
   uint4 xr[2][NT][2];
   auto load_w = [&](int64_t i, uint4 (&w)[RS], uint2 (&w2)[RS], uint32_t (&s)[RS]) {
-    const int64_t j = warp + i * kWarps;
+    const int64_t j = at.wk + i * WK;
 #pragma unroll
     for (int r = 0; r < RS; ++r) {
       w[r] = ld_stream(wbase + (r * ksteps + j) * kTileBytes);
@@ -181,7 +182,7 @@ __global__ void __launch_bounds__(kWarps * 32) wo6_gemm_kernel(const WoParams p)
       s[r] = ld_u16(sbase + (r * ksteps + j) * kScaleBytes);
     }
   };
-  auto load_x = [&](int64_t i, uint4 (&x)[NT][2]) { xrows.load(warp + i * kWarps, x); };
+  auto load_x = [&](int64_t i, uint4 (&x)[NT][2]) { xrows.load(at.wk + i * WK, x); };
 #pragma unroll
   for (int u = 0; u < D; ++u)
     if (u < nsteps) load_w(u, wr[u], wr2[u], sr[u]);
@@ -210,7 +211,7 @@ __global__ void __launch_bounds__(kWarps * 32) wo6_gemm_kernel(const WoParams p)
   ring_k_loop<D>(
       nsteps, [&](int64_t i, int slot) { load_x(i, xr[slot]); }, step,
       [&](int64_t i, int slot) { load_w(i, wr[slot], wr2[slot], sr[slot]); });
-  reduce_store<RS, NT, OutT>(p, acc, strip0, tok0);
+  reduce_store<RS, NT, WK, WR, OutT>(p, acc, at.cta_strip0, tok0);
 }
 
 // The unpack kernel's view of an FP6 tile (see wo_unpack_kernel in weightonly_common.cuh).
@@ -251,17 +252,18 @@ struct Fp6Tile {
 #endif
 
 template <WoScale S, typename OutT, int D = JAX_GMMA_WO6_DEPTH>
-cudaError_t dispatch_tile(const WoArgs& a, int rows, int tokens, cudaStream_t stream) {
-  return dispatch_tile_shape(rows, tokens, [&](auto rs, auto nt) {
+cudaError_t dispatch_tile(const WoArgs& a, const WoCta& c, cudaStream_t stream) {
+  return dispatch_tile_shape(c.rows, c.tokens, c.k_warps, [&](auto rs, auto nt, auto wk, auto wr) {
     constexpr int RS = decltype(rs)::value, NT = decltype(nt)::value;
-    return launch_tile<RS, NT>(a, stream, wo6_gemm_kernel<RS, NT, S, OutT, D>);
+    constexpr int WK = decltype(wk)::value, WR = decltype(wr)::value;
+    return launch_tile<RS, NT, WK, WR>(a, stream, wo6_gemm_kernel<RS, NT, WK, WR, S, OutT, D>);
   });
 }
 
 template <WoScale S>
-cudaError_t dispatch_out(const WoArgs& a, int rows, int tokens, cudaStream_t stream) {
-  return a.d_is_f32 ? dispatch_tile<S, float>(a, rows, tokens, stream)
-                    : dispatch_tile<S, __nv_bfloat16>(a, rows, tokens, stream);
+cudaError_t dispatch_out(const WoArgs& a, const WoCta& c, cudaStream_t stream) {
+  return a.d_is_f32 ? dispatch_tile<S, float>(a, c, stream)
+                    : dispatch_tile<S, __nv_bfloat16>(a, c, stream);
 }
 
 }  // namespace fp6
@@ -273,9 +275,9 @@ cudaError_t weightonly_fp6_unpack_run(const WoUnpackArgs& a, cudaStream_t stream
   return cudaErrorInvalidValue;
 }
 
-cudaError_t weightonly_fp6_run(const WoArgs& a, int rows, int tokens, cudaStream_t stream) {
-  if (a.scale == WoScale::kMx6E2M3) return fp6::dispatch_out<WoScale::kMx6E2M3>(a, rows, tokens, stream);
-  if (a.scale == WoScale::kMx6E3M2) return fp6::dispatch_out<WoScale::kMx6E3M2>(a, rows, tokens, stream);
+cudaError_t weightonly_fp6_run(const WoArgs& a, const WoCta& c, cudaStream_t stream) {
+  if (a.scale == WoScale::kMx6E2M3) return fp6::dispatch_out<WoScale::kMx6E2M3>(a, c, stream);
+  if (a.scale == WoScale::kMx6E3M2) return fp6::dispatch_out<WoScale::kMx6E3M2>(a, c, stream);
   return cudaErrorInvalidValue;
 }
 

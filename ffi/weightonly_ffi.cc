@@ -48,7 +48,8 @@ ffi::Error WeightOnlyGemmImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuf
                               ffi::AnyBuffer w_packed, ffi::AnyBuffer w_scales,
                               ffi::AnyBuffer w_global, ffi::AnyBuffer bias,
                               ffi::Result<ffi::AnyBuffer> d, int32_t scale_kind, int32_t rows,
-                              int32_t tokens, bool has_x_scale, bool has_global, bool has_bias) {
+                              int32_t tokens, int32_t k_warps, bool has_x_scale, bool has_global,
+                              bool has_bias) {
   auto xd = x.dimensions();
   auto dd = d->dimensions();
   if (xd.size() != 2 || dd.size() != 2) return bad("x and d must be 2-D");
@@ -82,6 +83,7 @@ ffi::Error WeightOnlyGemmImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuf
   a.scale = static_cast<WoScale>(scale_kind);
   a.rows_per_cta = rows;
   a.tokens_per_cta = tokens;
+  a.k_warps = k_warps;
 #if !defined(JAX_GMMA_HAVE_SM90)
   return bad("this build has no sm_90a kernels (JAX_GMMA_CUDA_ARCHS lacks 90a)");
 #else
@@ -156,6 +158,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxGmmaWeightOnlyGemm, jax_gmma::WeightOnlyGemmImp
                                   .Attr<int32_t>("scale_kind")
                                   .Attr<int32_t>("rows")
                                   .Attr<int32_t>("tokens")
+                                  .Attr<int32_t>("k_warps")
                                   .Attr<bool>("has_x_scale")
                                   .Attr<bool>("has_global")
                                   .Attr<bool>("has_bias"),

@@ -129,9 +129,15 @@ X_DTYPES = (shapes.BF16, E4M3, E5M2)
 OUT_DTYPES = (shapes.BF16, shapes.F32)
 TILE_ROWS = 16
 TILE_K = 64
-#: CTA shapes of the kernel (rows per CTA, tokens per CTA).
+#: CTA shapes the kernel is built for: (rows per CTA, tokens per CTA, warps splitting K), the
+#: mirror of kWoCtaShapes (cpp/include/jax_gmma/weightonly_common.cuh).
+CTA_SHAPES = (
+    (16, 8, 8), (16, 16, 8), (32, 8, 8), (32, 16, 8), (64, 8, 8), (64, 16, 8),
+    (16, 8, 16), (16, 8, 4), (16, 16, 4), (32, 16, 4), (32, 16, 2), (64, 16, 2),
+)
 ROWS_CHOICES = (16, 32, 64)
 TOKENS_CHOICES = (8, 16)
+K_WARPS_CHOICES = (16, 8, 4, 2)
 
 
 #: Bit positions (sign, c2, c1, c0) of value (h, kk) of a word, indexed [h * 4 + kk].
@@ -514,9 +520,9 @@ mlir.register_lowering(weightonly_gemm_p,
 
 
 def _cuda_lowering(ctx, x, x_scale, packed, scales, global_scale, bias, *, fmt, n, k, out_dtype,
-                   has_x_scale, has_bias, rows, tokens):
+                   has_x_scale, has_bias, rows, tokens, k_warps):
   params = dict(fmt=fmt, n=n, k=k, out_dtype=out_dtype, has_x_scale=has_x_scale,
-                has_bias=has_bias, rows=rows, tokens=tokens)
+                has_bias=has_bias, rows=rows, tokens=tokens, k_warps=k_warps)
   dev = _backend.check_cuda_kernels("weightonly_gemm")
   if dev is None:
     return mlir.lower_fun(weightonly_reference, multiple_results=False)(
@@ -525,6 +531,7 @@ def _cuda_lowering(ctx, x, x_scale, packed, scales, global_scale, bias, *, fmt, 
   rule = jax.ffi.ffi_lowering(WEIGHTONLY_TARGET)
   return rule(ctx, x, x_scale, packed, scales, global_scale, bias,
               scale_kind=np.int32(_SCALE_KIND[fmt]), rows=np.int32(rows), tokens=np.int32(tokens),
+              k_warps=np.int32(k_warps),
               has_x_scale=bool(has_x_scale), has_global=fmt == "nvfp4", has_bias=bool(has_bias))
 
 
@@ -584,13 +591,40 @@ def unpack(w: PackedWeight, dtype=jnp.bfloat16, row_exp=None) -> jax.Array:
                                   out_dtype=dt)
 
 
-def pick_tile(m: int, n: int) -> tuple:
-  """(rows per CTA, tokens per CTA) the kernel uses for (M, N) (mirrors weightonly_pick)."""
+def pick_cta(m: int, n: int, k: int, fmt: str) -> tuple:
+  """(rows per CTA, tokens per CTA, warps splitting K) the kernel picks for (M, N, K) and the
+  weight format (mirrors weightonly_pick in cpp/sm90_fp4_gemm_weightonly.cu; measured on the
+  H200, benchmarks/results/2026-11-30-h200/session8/wo_cta_shapes)."""
+  strips = n // 16
   tokens = 8 if m <= 8 else 16
-  rows = 16 if m <= 8 else ((32 if n // 32 >= 132 else 16) if m <= 16 else 64)
-  while rows > 16 and n % rows:
-    rows //= 2
-  return rows, tokens
+  if fmt in ("nvfp4", "mxfp4"):
+    if m <= 8:
+      rows, kw = 16, (16 if strips <= 256 else 8 if strips <= 1024 else 4)
+    elif m <= 16:
+      rows = 32 if strips >= 1024 else 16
+      kw = 2 if strips >= 1024 else 4 if strips >= 512 else 8
+    else:
+      rows, kw = 32, (4 if strips <= 256 else 2)
+  else:  # FP6
+    if m <= 8:
+      rows, kw = (32 if 384 <= strips < 1024 else 16), 8
+    elif m <= 16:
+      rows, kw = 16, (4 if strips >= 512 and k < 16384 else 8)
+    else:
+      rows, kw = (32 if strips >= 1024 else 64), 2
+  if n % rows:
+    rows, kw = 16, 8
+  return rows, tokens, kw
+
+
+def resolve_cta(m: int, n: int, k: int, fmt: str, rows=None, tokens=None, k_warps=None) -> tuple:
+  """The CTA shape the kernel runs: the forced fields, the pick for the others (k_warps 8 when
+  only rows / tokens are forced, the original shapes). Mirrors weightonly_resolve."""
+  pr, pt, pk = pick_cta(m, n, k, fmt)
+  if rows is None and tokens is None and k_warps is None:
+    return pr, pt, pk
+  return (pr if rows is None else rows, pt if tokens is None else tokens,
+          8 if k_warps is None else k_warps)
 
 
 #: ``path="auto"`` takes a prefill path (:func:`unpack` + a tensor-core GEMM) from this many
@@ -634,7 +668,8 @@ def _fp8_gemm_route(x8, xs, w: PackedWeight, bias, *, out_dtype, has_x_scale: bo
 
 
 def weightonly_gemm(x, w: PackedWeight, *, x_scale=None, bias=None, out_dtype=None,
-                    rows: Optional[int] = None, tokens: Optional[int] = None, path: str = "auto"):
+                    rows: Optional[int] = None, tokens: Optional[int] = None,
+                    k_warps: Optional[int] = None, path: str = "auto"):
   """``out = x_scale * (x @ dequantize(w).T) + bias`` with FP4 / FP6 weights (Hopper kernel).
 
   Args:
@@ -644,8 +679,9 @@ def weightonly_gemm(x, w: PackedWeight, *, x_scale=None, bias=None, out_dtype=No
     x_scale: None, a scalar or (..., M) per-token float32 scales.
     bias: optional (N,), added in float32.
     out_dtype: bfloat16 (default) or float32.
-    rows, tokens: force the kernel's CTA shape (rows in 16/32/64, tokens in 8/16); implies
-      ``path="kernel"``.
+    rows, tokens, k_warps: force the kernel's CTA shape (rows per CTA in 16/32/64, tokens per
+      CTA in 8/16, warps splitting K in 16/8/4/2; one of :data:`CTA_SHAPES`; unset fields take
+      the pick's value, k_warps 8 when rows or tokens are given); implies ``path="kernel"``.
     path: "kernel" (the weight-only decode kernel), "dequant" (a prefill path: unpack the
       weight to bf16 once per call, then a bf16 tensor-core GEMM with float32 accumulation),
       "fp8" (the other prefill path, for FP8 x and MX weights whose ``fp8_exact`` is True: unpack
@@ -679,14 +715,15 @@ def weightonly_gemm(x, w: PackedWeight, *, x_scale=None, bias=None, out_dtype=No
     raise TypeError(f"{who}: out_dtype must be bfloat16 or float32, got {out_dtype.name}")
   if path not in PATHS:
     raise ValueError(f"{who}: path must be one of {PATHS}, got {path!r}")
-  if path == "dequant" and (rows is not None or tokens is not None):
-    raise ValueError(f"{who}: rows / tokens choose the kernel's CTA shape; they do not apply to "
-                     "path='dequant'")
+  forced = rows is not None or tokens is not None or k_warps is not None
+  if path == "dequant" and forced:
+    raise ValueError(f"{who}: rows / tokens / k_warps choose the kernel's CTA shape; they do not "
+                     "apply to path='dequant'")
   fp8_ok = xdt != shapes.BF16 and w.fp8_exact is True
   if path == "fp8":
-    if rows is not None or tokens is not None:
-      raise ValueError(f"{who}: rows / tokens choose the kernel's CTA shape; they do not apply to "
-                       "path='fp8'")
+    if forced:
+      raise ValueError(f"{who}: rows / tokens / k_warps choose the kernel's CTA shape; they do not "
+                       "apply to path='fp8'")
     if xdt == shapes.BF16:
       raise ValueError(f"{who}: path='fp8' multiplies FP8 activations (x float8_e4m3fn / "
                        "float8_e5m2); x is bfloat16 (use path='dequant', or quantize x)")
@@ -700,17 +737,22 @@ def weightonly_gemm(x, w: PackedWeight, *, x_scale=None, bias=None, out_dtype=No
       raise ValueError(f"{who}: path='fp8' needs w.fp8_exact (the weight exactly FP8 with a "
                        f"power-of-two scale per row); it is {why}. Use path='dequant'")
   if path == "auto":
-    if m < PREFILL_MIN_M or rows is not None or tokens is not None:
+    if m < PREFILL_MIN_M or forced:
       path = "kernel"
     else:
       path = "fp8" if fp8_ok else "dequant"
-  prow, ptok = pick_tile(m, w.n)
-  rows = prow if rows is None else rows
-  tokens = ptok if tokens is None else tokens
-  if rows not in ROWS_CHOICES or w.n % rows:
-    raise ValueError(f"{who}: rows must be one of {ROWS_CHOICES} and divide N = {w.n}, got {rows}")
-  if tokens not in TOKENS_CHOICES:
+  if rows is not None and rows not in ROWS_CHOICES:
+    raise ValueError(f"{who}: rows must be one of {ROWS_CHOICES}, got {rows}")
+  if tokens is not None and tokens not in TOKENS_CHOICES:
     raise ValueError(f"{who}: tokens must be one of {TOKENS_CHOICES}, got {tokens}")
+  if k_warps is not None and k_warps not in K_WARPS_CHOICES:
+    raise ValueError(f"{who}: k_warps must be one of {K_WARPS_CHOICES}, got {k_warps}")
+  rows, tokens, k_warps = resolve_cta(m, w.n, w.k, w.format, rows, tokens, k_warps)
+  if (rows, tokens, k_warps) not in CTA_SHAPES:
+    raise ValueError(f"{who}: no kernel for the CTA shape (rows, tokens, k_warps) = "
+                     f"{(rows, tokens, k_warps)}; built shapes: {CTA_SHAPES}")
+  if w.n % rows:
+    raise ValueError(f"{who}: rows = {rows} must divide N = {w.n}")
   x2 = x.reshape(m, w.k)
   x8 = x2
   if xdt != shapes.BF16:
@@ -741,5 +783,6 @@ def weightonly_gemm(x, w: PackedWeight, *, x_scale=None, bias=None, out_dtype=No
     return out.reshape(*lead, w.n)
   out = weightonly_gemm_p.bind(_pad_k(x2, w), xs, w.packed, w.scales, w.global_scale, b, fmt=w.format, n=w.n,
                                k=w.k, out_dtype=out_dtype, has_x_scale=x_scale is not None,
-                               has_bias=bias is not None, rows=int(rows), tokens=int(tokens))
+                               has_bias=bias is not None, rows=int(rows), tokens=int(tokens),
+                               k_warps=int(k_warps))
   return out.reshape(*lead, w.n)

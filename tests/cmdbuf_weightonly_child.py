@@ -20,13 +20,14 @@ def main():
   w = jax.random.normal(kw, (4, n, n), jnp.float32) / np.sqrt(n)
   wps = [wo.prepare(w[0], "nvfp4"), wo.prepare(w[1], "mxfp4"), wo.prepare(w[2], "mxfp6_e2m3"),
          wo.prepare(w[3], "mxfp6_e3m2")]
-  tiles = [(16, 8), (32, 16), (64, 8), (16, 16)]
+  tiles = [(16, 8, 8), (32, 16, 2), (64, 8, 8), (16, 8, 16)]
 
   @jax.jit
   def chain(x, wps):
     for i in range(32):
-      rows, tokens = tiles[i % 4]
-      y = jax_gmma.weightonly_gemm(x, wps[(i // 4 + i) % 4], rows=rows, tokens=tokens)
+      rows, tokens, k_warps = tiles[i % 4]
+      y = jax_gmma.weightonly_gemm(x, wps[(i // 4 + i) % 4], rows=rows, tokens=tokens,
+                                   k_warps=k_warps)
       x = y
     return y
 

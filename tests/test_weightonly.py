@@ -347,12 +347,61 @@ def test_fp8_route_errors():
     wo.row_exponents(wo.prepare(w, "nvfp4"))
 
 
-def test_pick_tile():
-  assert wo.pick_tile(1, 8192) == (16, 8)
-  assert wo.pick_tile(16, 8192) == (32, 16)
-  assert wo.pick_tile(16, 16 * 3) == (16, 16)
-  assert wo.pick_tile(16, 4096) == (16, 16)
-  assert wo.pick_tile(4096, 28672) == (64, 16)
+def test_pick_cta():
+  # FP4: the K split follows N (more warps per strip at small N), 32-row CTAs at 16 tokens
+  # for large N, 32 rows x 2 warps along K beyond 16 tokens.
+  assert wo.pick_cta(1, 28672, 8192, "nvfp4") == (16, 8, 4)
+  assert wo.pick_cta(4, 8192, 8192, "mxfp4") == (16, 8, 8)
+  assert wo.pick_cta(1, 4096, 14336, "nvfp4") == (16, 8, 16)
+  assert wo.pick_cta(16, 28672, 8192, "nvfp4") == (32, 16, 2)
+  assert wo.pick_cta(16, 8192, 8192, "nvfp4") == (16, 16, 4)
+  assert wo.pick_cta(16, 4096, 14336, "mxfp4") == (16, 16, 8)
+  assert wo.pick_cta(64, 28672, 8192, "nvfp4") == (32, 16, 2)
+  assert wo.pick_cta(64, 4096, 14336, "nvfp4") == (32, 16, 4)
+  # FP6
+  assert wo.pick_cta(1, 28672, 8192, "mxfp6_e2m3") == (16, 8, 8)
+  assert wo.pick_cta(1, 8192, 28672, "mxfp6_e3m2") == (32, 8, 8)
+  assert wo.pick_cta(16, 28672, 8192, "mxfp6_e2m3") == (16, 16, 4)
+  assert wo.pick_cta(16, 8192, 28672, "mxfp6_e2m3") == (16, 16, 8)
+  assert wo.pick_cta(64, 28672, 8192, "mxfp6_e3m2") == (32, 16, 2)
+  assert wo.pick_cta(64, 8192, 8192, "mxfp6_e3m2") == (64, 16, 2)
+  # N not a multiple of the picked rows: the 16-row, 8-warp shape
+  assert wo.pick_cta(16, 16 * 1025, 8192, "nvfp4") == (16, 16, 8)
+  assert wo.pick_cta(64, 16 * 3, 256, "nvfp4") == (16, 16, 8)
+  for fmt in FORMATS:
+    for m in (1, 5, 9, 16, 17, 64, 127):
+      for n in (16, 48, 4096, 8192, 6144, 28672, 16 * 1025):
+        c = wo.pick_cta(m, n, 8192, fmt)
+        assert c in wo.CTA_SHAPES and n % c[0] == 0, (fmt, m, n, c)
+  # forcing: unset fields from the pick, k_warps 8 when rows / tokens are forced
+  assert wo.resolve_cta(1, 28672, 8192, "nvfp4") == (16, 8, 4)
+  assert wo.resolve_cta(1, 28672, 8192, "nvfp4", rows=32) == (32, 8, 8)
+  assert wo.resolve_cta(1, 28672, 8192, "nvfp4", k_warps=16) == (16, 8, 16)
+
+
+def test_cta_shapes_match_the_kernel_table():
+  import os
+  import re
+  src = open(os.path.join(os.path.dirname(__file__), "..", "cpp", "include", "jax_gmma",
+                          "weightonly_common.cuh")).read()
+  body = src[src.index("kWoCtaShapes[] = {"):]
+  body = body[:body.index("};")]
+  shapes = [tuple(int(v) for v in t) for t in re.findall(r"\{(\d+), (\d+), (\d+), (\d+)\}", body)]
+  assert tuple((16 * rs * wr, 8 * nt, wk) for rs, nt, wk, wr in shapes) == wo.CTA_SHAPES
+
+
+def test_cta_shape_errors():
+  wp = wo.prepare(jnp.ones((64, 128), jnp.float32), "nvfp4")
+  x = jnp.ones((1, 128), jnp.bfloat16)
+  with pytest.raises(ValueError, match="k_warps must be one of"):
+    jax_gmma.weightonly_gemm(x, wp, k_warps=3)
+  with pytest.raises(ValueError, match="no kernel for the CTA shape"):
+    jax_gmma.weightonly_gemm(x, wp, rows=64, tokens=8, k_warps=2)
+  with pytest.raises(ValueError, match="must divide N"):
+    jax_gmma.weightonly_gemm(jnp.ones((1, 128), jnp.bfloat16),
+                             wo.prepare(jnp.ones((48, 128), jnp.float32), "nvfp4"), rows=32)
+  with pytest.raises(ValueError, match="k_warps choose the kernel"):
+    jax_gmma.weightonly_gemm(x, wp, k_warps=4, path="dequant")
 
 
 # -- GPU: the kernel ----------------------------------------------------------------------------
@@ -366,7 +415,7 @@ def _weights(fmt, n, k, seed):
 
 
 def _check(fmt, m, n, k, seed, out_dtype=jnp.bfloat16, x_kind="bf16", bias=False, rows=None,
-           tokens=None, path="auto"):
+           tokens=None, path="auto", k_warps=None):
   rng = _rng(seed + 99)
   _, wp = _weights(fmt, n, k, seed)
   wdq = np.asarray(wo.dequantize_packed(wp), np.float64)
@@ -382,7 +431,8 @@ def _check(fmt, m, n, k, seed, out_dtype=jnp.bfloat16, x_kind="bf16", bias=False
   b = jnp.asarray(rng.standard_normal(n), out_dtype) if bias else None
   f = jax.jit(lambda x, wp, xs, b: jax_gmma.weightonly_gemm(x, wp, x_scale=xs, bias=b,
                                                             out_dtype=out_dtype, rows=rows,
-                                                            tokens=tokens, path=path))
+                                                            tokens=tokens, k_warps=k_warps,
+                                                            path=path))
   out = np.asarray(f(x, wp, xs, b).astype(jnp.float32), np.float64)
   rows_ = np.arange(m) if m <= 256 else rng.choice(m, 256, replace=False)
   ref = x64[rows_] @ wdq.T
@@ -452,11 +502,13 @@ def test_kernel_k_not_multiple_of_128(fmt, k):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("rows,tokens", [(16, 8), (16, 16), (32, 8), (32, 16), (64, 8), (64, 16)])
+@pytest.mark.parametrize("cta", wo.CTA_SHAPES, ids=lambda c: "%dx%dk%d" % c)
 @pytest.mark.parametrize("m", [1, 9, 33])
-def test_kernel_every_tile(fmt, rows, tokens, m):
-  _check(fmt, m, 1024, 1024, seed=rows + tokens + m, out_dtype=jnp.float32, rows=rows,
-         tokens=tokens)
+def test_kernel_every_tile(fmt, cta, m):
+  rows, tokens, k_warps = cta
+  # K = 1088: 17 K steps, not a multiple of any K split (ragged last steps per warp)
+  _check(fmt, m, 1024, 1088, seed=rows + tokens + k_warps + m, out_dtype=jnp.float32, rows=rows,
+         tokens=tokens, k_warps=k_warps)
 
 
 @pytest.mark.gpu

@@ -10,6 +10,7 @@
 //       first checks bf16 and e4m3 outputs bit-exactly against a host decode of random prepared
 //       bytes (incl. poisoned blocks and extreme row exponents; exit code 1 on a mismatch),
 //       then times N x K = 8192 x 8192 and 28672 x 8192: us and GB/s of bytes read + written.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -334,19 +335,73 @@ int run(int argc, char** argv) {
 
 }  // namespace unpack_bench
 
+// Every CTA shape of kWoCtaShapes against the first one on random codes and activations,
+// float32 output (the K sums differ only in order): the max relative difference per shape.
+// Returns the number of shapes over 1e-5.
+int verify_shapes(jax_gmma::WoScale fmt, const char* name, int64_t n, int64_t k, int m) {
+  using namespace jax_gmma;
+  const int64_t wbytes = n * k / 1024 * weightonly_tile_bytes(fmt);
+  const int64_t sbytes = n * k / 1024 * weightonly_scale_bytes(fmt);
+  std::mt19937 rng(1234);
+  std::vector<uint8_t> hw(wbytes);
+  for (auto& b : hw) b = static_cast<uint8_t>(rng());
+  std::vector<uint16_t> hx(m * k);
+  std::normal_distribution<float> nd;
+  for (auto& v : hx) { float f = nd(rng); uint32_t u; std::memcpy(&u, &f, 4); v = u >> 16; }
+  void *w, *sc, *x, *d;
+  CHECK(cudaMalloc(&w, wbytes));
+  CHECK(cudaMalloc(&sc, sbytes));
+  CHECK(cudaMalloc(&x, hx.size() * 2));
+  CHECK(cudaMalloc(&d, m * n * 4));
+  CHECK(cudaMemcpy(w, hw.data(), wbytes, cudaMemcpyHostToDevice));
+  CHECK(cudaMemset(sc, fmt == WoScale::kNv16 ? 0x98 : 127, sbytes));
+  CHECK(cudaMemcpy(x, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice));
+  std::vector<float> ref(m * n), out(m * n);
+  int bad = 0;
+  for (const auto& c : wo_detail::kWoCtaShapes) {
+    WoArgs a;
+    a.m = m; a.n = n; a.k = k; a.x = x; a.d = d; a.d_is_f32 = true; a.scale = fmt;
+    a.w_packed = w; a.w_scales = sc;
+    a.rows_per_cta = c.rows(); a.tokens_per_cta = 8 * c.nt; a.k_warps = c.wk;
+    if (weightonly_check(a)) continue;
+    CHECK(cudaMemset(d, 0xFF, m * n * 4));  // poison (NaN)
+    CHECK(weightonly_run(a, 0));
+    CHECK(cudaMemcpy(out.data(), d, m * n * 4, cudaMemcpyDeviceToHost));
+    if (&c == &wo_detail::kWoCtaShapes[0]) ref = out;
+    double num = 0, den = 0, worst = 0;
+    for (int64_t i = 0; i < m * n; ++i) {
+      const double e = std::fabs(double(out[i]) - ref[i]);
+      num += e * e; den += double(ref[i]) * ref[i];
+      if (!(e <= 1e-3 * (std::fabs(ref[i]) + 1.0))) worst = std::max(worst, e);
+    }
+    const double rel = std::sqrt(num / den);
+    const bool ok = rel < 1e-5 && worst == 0 && std::isfinite(rel);
+    bad += !ok;
+    std::printf("verify %-10s N=%6lld K=%6lld M=%2d cta %3dx%2d kw%d  rel %.2e %s\n", name,
+                (long long)n, (long long)k, m, c.rows(), 8 * c.nt, c.wk, rel, ok ? "ok" : "BAD");
+  }
+  CHECK(cudaFree(w)); CHECK(cudaFree(sc)); CHECK(cudaFree(x)); CHECK(cudaFree(d));
+  return bad;
+}
+
 int main(int argc, char** argv) {
   using namespace jax_gmma;
   if (argc > 1 && std::strcmp(argv[1], "unpack") == 0) return unpack_bench::run(argc, argv);
   struct Shape { int64_t n, k; };
   const Shape shapes[] = {{28672, 8192}, {8192, 8192}, {8192, 28672}, {4096, 14336}};
-  const int ms[] = {1, 4, 16};
-  const int tiles[][2] = {{0, 0}, {16, 8}, {32, 8}, {64, 8}, {16, 16}, {32, 16}, {64, 16}};
+  const int ms[] = {1, 4, 16, 64};
   const int iters = argc > 1 ? std::atoi(argv[1]) : 200;
   const char* fsel = argc > 2 ? argv[2] : "nvfp4";
   struct Fmt { const char* name; WoScale s; };
   const Fmt fmts[] = {{"nvfp4", WoScale::kNv16}, {"mxfp4", WoScale::kMx32},
                       {"mxfp6_e2m3", WoScale::kMx6E2M3}, {"mxfp6_e3m2", WoScale::kMx6E3M2}};
   std::printf("depth fp4 %d fp6 %d, %d launches per point\n", JAX_GMMA_WO_DEPTH, JAX_GMMA_WO6_DEPTH, iters);
+  int bad = 0;
+  for (const Fmt& f : fmts) {
+    if (std::strcmp(fsel, "all") != 0 && std::strcmp(fsel, f.name) != 0) continue;
+    for (int m : {1, 5, 16}) bad += verify_shapes(f.s, f.name, 1024, 1536, m);
+  }
+  std::printf(bad ? "VERIFY FAILED (%d shapes)\n" : "verify: all CTA shapes agree\n", bad);
   for (const Fmt& f : fmts) {
     if (std::strcmp(fsel, "all") != 0 && std::strcmp(fsel, f.name) != 0) continue;
     for (const Shape& sh : shapes) {
@@ -361,17 +416,21 @@ int main(int argc, char** argv) {
         CHECK(cudaMemset(s[c], f.s == WoScale::kNv16 ? 0x98 : 127, sbytes));  // scale 1.0
       }
       void *x, *d;
-      CHECK(cudaMalloc(&x, 16 * sh.k * 2));
-      CHECK(cudaMemset(x, 0x3f, 16 * sh.k * 2));
-      CHECK(cudaMalloc(&d, 16 * sh.n * 4));
+      CHECK(cudaMalloc(&x, 64 * sh.k * 2));
+      CHECK(cudaMemset(x, 0x3f, 64 * sh.k * 2));
+      CHECK(cudaMalloc(&d, 64 * sh.n * 4));
       for (int m : ms) {
-        for (auto& t : tiles) {
+        for (int ti = -1; ti < (int)(sizeof(wo_detail::kWoCtaShapes) / sizeof(wo_detail::kWoCtaShapes[0])); ++ti) {
           WoArgs a;
           a.m = m; a.n = sh.n; a.k = sh.k; a.x = x; a.d = d;
-          a.rows_per_cta = t[0]; a.tokens_per_cta = t[1];
+          if (ti >= 0) {
+            const auto& c = wo_detail::kWoCtaShapes[ti];
+            a.rows_per_cta = c.rows(); a.tokens_per_cta = 8 * c.nt; a.k_warps = c.wk;
+          }
           a.scale = f.s;
           a.w_packed = w[0]; a.w_scales = s[0];
           if (weightonly_check(a)) continue;
+          const WoCta c = weightonly_resolve(a);
           cudaEvent_t e0, e1;
           CHECK(cudaEventCreate(&e0));
           CHECK(cudaEventCreate(&e1));
@@ -389,11 +448,9 @@ int main(int argc, char** argv) {
           float ms_total = 0;
           CHECK(cudaEventElapsedTime(&ms_total, e0, e1));
           const double us = ms_total * 1e3 / iters;
-          const int32_t pick = weightonly_pick(m, sh.n, sh.k);
-          std::printf("%-10s N=%6lld K=%6lld M=%2d tile %2dx%2d%s  %8.2f us  %6.0f GB/s\n", f.name,
-                      (long long)sh.n, (long long)sh.k, m, t[0] ? t[0] : pick / 100,
-                      t[1] ? t[1] : pick % 100, t[0] ? "      " : " (pick)", us,
-                      (wbytes + sbytes) / (us * 1e-6) / 1e9);
+          std::printf("%-10s N=%6lld K=%6lld M=%2d cta %3dx%2d kw%d%s  %8.2f us  %6.0f GB/s\n", f.name,
+                      (long long)sh.n, (long long)sh.k, m, c.rows, c.tokens, c.k_warps,
+                      ti < 0 ? " (pick)" : "       ", us, (wbytes + sbytes) / (us * 1e-6) / 1e9);
           CHECK(cudaEventDestroy(e0));
           CHECK(cudaEventDestroy(e1));
         }
@@ -406,5 +463,5 @@ int main(int argc, char** argv) {
       CHECK(cudaFree(d));
     }
   }
-  return 0;
+  return bad ? 1 : 0;
 }

@@ -57,16 +57,28 @@ struct WoArgs {
   void* d = nullptr;                // (M, N) row-major, bf16 or f32
   bool d_is_f32 = false;
   WoScale scale = WoScale::kNv16;
-  int32_t rows_per_cta = 0;         // 16, 32 or 64 (0: pick by shape)
-  int32_t tokens_per_cta = 0;       // 8 or 16 (0: pick by M)
+  // The CTA shape (0: pick by shape). rows_per_cta = 16 x strips per warp x row groups
+  // (8 / k_warps); the built shapes are listed in weightonly_common.cuh (kWoCtaShapes).
+  int32_t rows_per_cta = 0;         // 16, 32 or 64
+  int32_t tokens_per_cta = 0;       // 8 or 16
+  int32_t k_warps = 0;              // warps splitting K: 16, 8, 4 or 2 (0: 8 if rows or
+                                    // tokens are given, else picked)
+};
+
+// A CTA shape of the decode kernels.
+struct WoCta {
+  int32_t rows = 0, tokens = 0, k_warps = 0;
 };
 
 // nullptr when the kernel can run `a` (shapes, alignment, config), else the reason.
 const char* weightonly_check(const WoArgs& a);
 // Enqueues the kernel on `stream` (nothing else: no memset, no workspace, no sync).
 cudaError_t weightonly_run(const WoArgs& a, cudaStream_t stream);
-// The config the kernel would use for (m, n): rows_per_cta * 100 + tokens_per_cta.
-int32_t weightonly_pick(int64_t m, int64_t n, int64_t k);
+// The CTA shape the kernel picks for (m, n, k) and the weight format when WoArgs leaves it
+// open (mirrored by jax_gmma.weightonly.pick_cta).
+WoCta weightonly_pick(int64_t m, int64_t n, int64_t k, WoScale scale);
+// The CTA shape weightonly_run uses for `a` (its forced fields, the pick for the rest).
+WoCta weightonly_resolve(const WoArgs& a);
 
 // The unpack kernel (prefill path): prepared weight -> row-major (N, K) bf16 or float8_e4m3fn.
 struct WoUnpackArgs {

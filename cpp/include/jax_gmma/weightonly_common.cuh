@@ -1,8 +1,9 @@
 // Device helpers shared by the sm90 weight-only GEMM kernels (cpp/sm90_fp4_gemm_weightonly.cu,
 // cpp/sm90_fp6_gemm_weightonly.cu): loads, the bf16 mma.sync wrapper, the bf16x2 multiply, the
 // output conversions and the CTA's shared-memory K reduction + epilogue. Both kernels use the same
-// CTA shape (8 warps splitting K over RS 16-row strips x NT 8-token tiles) and fragment mapping,
-// and scale the converted weights by 2^-10 (undone by the epilogue).
+// CTA shapes (warps splitting K over RS 16-row strips x NT 8-token tiles) and fragment mapping,
+// and scale the converted weights by 2^-10 (undone by the epilogue). A CTA is WR row groups of
+// WK warps (the group's warps split K); kWoCtaShapes lists the shapes built.
 #pragma once
 
 #include <cstdint>
@@ -15,8 +16,6 @@
 
 namespace jax_gmma {
 namespace wo_detail {
-
-constexpr int kWarps = 8;
 
 struct WoParams {
   int64_t m, n, k;
@@ -113,12 +112,15 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { re
 
 // The CTA's end: every warp's partial sums (its K steps) go through shared memory, summed in a
 // fixed order, times alpha (2^10, the per-tensor and per-token scales), plus bias, cast, stored.
+// The CTA is WR row groups of WK warps; warp w = wr * WK + wk owns rows
+// [kRows wr, kRows (wr + 1)) of the CTA and K steps wk, wk + WK, ...; an output sums the WK
+// warps of its row group, in warp order (deterministic).
 // C fragment: c0, c1 -> (row g, tokens 2t, 2t+1), c2, c3 -> (row g + 8, same tokens).
-template <int RS, int NT, typename OutT>
+template <int RS, int NT, int WK, int WR, typename OutT>
 __device__ __forceinline__ void reduce_store(const WoParams& p, float (&acc)[RS][NT][4],
-                                             int64_t strip0, int64_t tok0) {
-  constexpr int kRows = RS * 16, kCols = NT * 8;
-  __shared__ float red[kWarps][kCols][kRows];
+                                             int64_t cta_strip0, int64_t tok0) {
+  constexpr int kRows = RS * 16, kCols = NT * 8, kCtaRows = kRows * WR;
+  __shared__ float red[WK * WR][kCols][kRows];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll
@@ -136,15 +138,16 @@ __device__ __forceinline__ void reduce_store(const WoParams& p, float (&acc)[RS]
   const float alpha0 = 1024.f * (p.w_global ? *p.w_global : 1.f);  // 2^10 undoes F's 2^-10
   const OutT* bias = static_cast<const OutT*>(p.bias);
   OutT* d = static_cast<OutT*>(p.d);
-  for (int e = threadIdx.x; e < kRows * kCols; e += kWarps * 32) {
-    const int row = e % kRows, col = e / kRows;
+  for (int e = threadIdx.x; e < kCtaRows * kCols; e += WK * WR * 32) {
+    const int crow = e % kCtaRows, col = e / kCtaRows;
+    const int wr = crow / kRows, row = crow % kRows;
     const int64_t tok = tok0 + col;
     if (tok >= p.m) continue;
     float sum = 0.f;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) sum += red[w][col][row];
+    for (int w = 0; w < WK; ++w) sum += red[wr * WK + w][col][row];
     const float alpha = p.x_scale ? alpha0 * p.x_scale[tok] : alpha0;
-    const int64_t n = strip0 * 16 + row;
+    const int64_t n = cta_strip0 * 16 + crow;
     float v = sum * alpha;
     if (bias) v += to_float<OutT>(bias[n]);
     d[tok * p.n + n] = from_float<OutT>(v);
@@ -185,10 +188,23 @@ __device__ __forceinline__ void zero_acc(float (&acc)[RS][NT][4]) {
       for (int i = 0; i < 4; ++i) acc[r][nt][i] = 0.f;
 }
 
-// A warp's K steps are warp, warp + kWarps, ...: how many of the ksteps it has.
-__device__ __forceinline__ int64_t warp_ksteps(int64_t ksteps, int warp) {
-  return ksteps > warp ? (ksteps - warp + kWarps - 1) / kWarps : 0;
+// A warp's K steps are wk, wk + WK, ... (wk = warp % WK): how many of the ksteps it has.
+template <int WK>
+__device__ __forceinline__ int64_t warp_ksteps(int64_t ksteps, int wk) {
+  return ksteps > wk ? (ksteps - wk + WK - 1) / WK : 0;
 }
+
+// Where warp `warp` of CTA `cta` works: its K-step phase wk, its first 16-row strip, and the
+// CTA's first strip (RS strips per warp, WR row groups of WK warps per CTA).
+template <int RS, int WK, int WR>
+struct WarpPlace {
+  int wk;
+  int64_t strip0, cta_strip0;
+  __device__ __forceinline__ WarpPlace(int cta, int warp)
+      : wk(warp % WK),
+        strip0(static_cast<int64_t>(cta) * (RS * WR) + (warp / WK) * RS),
+        cta_strip0(static_cast<int64_t>(cta) * (RS * WR)) {}
+};
 
 // One k16 slice q (0..3) of a K step for one 16-row strip: the scaled bf16x2 A registers a0..a3
 // (rows g / g + 8, k 4q + 0..1 / 4q + 2..3) times each 8-token tile's activations.
@@ -233,33 +249,61 @@ __device__ __forceinline__ void ring_k_loop(int64_t nsteps, LoadX&& load_x, Step
   }
 }
 
-// Host: one launch of a weight-only kernel instantiated for RS 16-row strips x NT 8-token tiles
-// per CTA (grid: N / (16 RS) x ceil(M / (8 NT)), 8 warps, static shared memory only).
-template <int RS, int NT>
+// The CTA shapes the decode kernels are built for, one row each: RS 16-row strips per warp,
+// NT 8-token tiles, WR row groups of WK warps (the WK warps of a group split K), i.e. a CTA of
+// WK WR warps and 16 RS WR rows x 8 NT tokens. WoArgs names a shape by (rows_per_cta,
+// tokens_per_cta, k_warps); weightonly_check accepts exactly these.
+struct WoCtaShape {
+  int rs, nt, wk, wr;
+  constexpr int rows() const { return 16 * rs * wr; }
+};
+constexpr WoCtaShape kWoCtaShapes[] = {
+    // 8 warps along K (the original shapes: 16 / 32 / 64 rows x 8 / 16 tokens)
+    {1, 1, 8, 1}, {1, 2, 8, 1}, {2, 1, 8, 1}, {2, 2, 8, 1}, {4, 1, 8, 1}, {4, 2, 8, 1},
+    // the weightonly_pick shapes with other K splits (tools/bench_weightonly_kernel.cu)
+    {1, 1, 16, 1}, {1, 1, 4, 1}, {1, 2, 4, 1}, {2, 2, 4, 1}, {2, 2, 2, 1}, {1, 2, 2, 4},
+};
+
+// The row of kWoCtaShapes for (rows per CTA, tokens per CTA, warps along K), or -1.
+inline int wo_cta_shape_index(int rows, int tokens, int k_warps) {
+  for (int i = 0; i < static_cast<int>(sizeof(kWoCtaShapes) / sizeof(kWoCtaShapes[0])); ++i) {
+    const WoCtaShape& c = kWoCtaShapes[i];
+    if (c.rows() == rows && 8 * c.nt == tokens && c.wk == k_warps) return i;
+  }
+  return -1;
+}
+
+// Host: one launch of a weight-only kernel instantiated for CTA shape (RS, NT, WK) (grid:
+// N / rows x ceil(M / (8 NT)), 8 warps, static shared memory only).
+template <int RS, int NT, int WK, int WR>
 cudaError_t launch_tile(const WoArgs& a, cudaStream_t stream, void (*kernel)(WoParams)) {
   const WoParams p = make_params(a);
-  const dim3 grid(static_cast<unsigned>(a.n / (16 * RS)),
+  constexpr int kCtaRows = 16 * RS * WR;
+  const dim3 grid(static_cast<unsigned>(a.n / kCtaRows),
                   static_cast<unsigned>((a.m + NT * 8 - 1) / (NT * 8)));
-  kernel<<<grid, kWarps * 32, 0, stream>>>(p);
+  kernel<<<grid, WK * WR * 32, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
-// Host: the CTA shapes the kernels are built for (rows 16/32/64 x tokens 8/16); calls
-// launch(RS, NT) with them as std::integral_constant (RS = rows / 16, NT = tokens / 8).
-template <class F>
-cudaError_t dispatch_tile_shape(int rows, int tokens, F&& launch) {
-  using One = std::integral_constant<int, 1>;
-  using Two = std::integral_constant<int, 2>;
-  using Four = std::integral_constant<int, 4>;
-  switch (rows * 10 + tokens / 8) {
-    case 161: return launch(One{}, One{});
-    case 162: return launch(One{}, Two{});
-    case 321: return launch(Two{}, One{});
-    case 322: return launch(Two{}, Two{});
-    case 641: return launch(Four{}, One{});
-    case 642: return launch(Four{}, Two{});
-    default: return cudaErrorInvalidValue;
+// Host: calls launch(RS, NT, WK, WR) (as std::integral_constant) for the kWoCtaShapes row
+// `index`; the switch instantiates every row.
+template <int I, class F>
+cudaError_t dispatch_cta_shape_from(int index, F&& launch) {
+  constexpr int kCount = static_cast<int>(sizeof(kWoCtaShapes) / sizeof(kWoCtaShapes[0]));
+  if constexpr (I >= kCount) {
+    return cudaErrorInvalidValue;
+  } else {
+    if (index == I) {
+      constexpr WoCtaShape c = kWoCtaShapes[I];
+      return launch(std::integral_constant<int, c.rs>{}, std::integral_constant<int, c.nt>{},
+                    std::integral_constant<int, c.wk>{}, std::integral_constant<int, c.wr>{});
+    }
+    return dispatch_cta_shape_from<I + 1>(index, launch);
   }
+}
+template <class F>
+cudaError_t dispatch_tile_shape(int rows, int tokens, int k_warps, F&& launch) {
+  return dispatch_cta_shape_from<0>(wo_cta_shape_index(rows, tokens, k_warps), launch);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -457,7 +501,7 @@ cudaError_t launch_unpack(const WoUnpackArgs& a, cudaStream_t stream) {
 
 // The MXFP6 kernel family (cpp/sm90_fp6_gemm_weightonly.cu), called by weightonly_run for
 // a.scale == kMx6E2M3 / kMx6E3M2 once weightonly_check passed and the tile is resolved.
-cudaError_t weightonly_fp6_run(const WoArgs& a, int rows, int tokens, cudaStream_t stream);
+cudaError_t weightonly_fp6_run(const WoArgs& a, const WoCta& c, cudaStream_t stream);
 // The MXFP6 unpack kernels, called by weightonly_unpack_run once weightonly_unpack_check passed.
 cudaError_t weightonly_fp6_unpack_run(const WoUnpackArgs& a, cudaStream_t stream);
 
