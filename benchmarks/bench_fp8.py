@@ -2,7 +2,7 @@
 """FP8 GEMM benchmark: jax-gmma's CUTLASS kernel against its peers, side by side, one process.
 
     PYTHONPATH=. python benchmarks/bench_fp8.py --suite {smoke,large,decode,host,all}
-        [--out DIR] [--repeats N] [--repeat-ms MS] [--no-torch] [--no-plot]
+        [--out DIR] [--repeats N] [--rounds R] [--repeat-ms MS] [--no-torch] [--no-plot]
 
 Writes DIR/bench_fp8.json (every measurement), DIR/bench_fp8.md (tables) and DIR/bench_fp8.png
 (speedup vs XLA's FP8 GEMM; only when matplotlib is importable), and prints the tables.
@@ -55,7 +55,9 @@ Methodology
   * Timing: wall clock around `iters` back-to-back calls followed by jax.block_until_ready on the
     last output (calls are dispatched asynchronously, so host dispatch overlaps the GPU); iters is
     chosen so that one repeat lasts >= --repeat-ms (default 25 ms, 5 ms for smoke); median over
-    --repeats (default 20) repeats. One process, one GPU, impls timed one after another per shape.
+    --repeats (default 20) repeats. One process, one GPU, impls timed one after another per shape;
+    with --rounds R (large, decode) ours and XLA's FP8 dots are timed in R interleaved rounds of
+    --repeats repeats each and the median is over all R x repeats samples.
   * L2 rotation: GEMM shapes cycle through max(3, ceil(200 MB / operand bytes)) distinct input
     sets (at most 16), so consecutive calls never find their operands in the 60 MB L2. Smoke
     shapes use 3 small sets and are L2-resident: smoke numbers check plumbing, not performance.
@@ -228,6 +230,13 @@ def _calibrate(per_call_s, n_sets, target_s):
 
 def time_jax(fn, arg_sets, repeats, target_s):
   """Median seconds per call of fn over arg_sets (cycled), wall clock, see the module doc."""
+  samples, iters = time_samples(fn, arg_sets, repeats, target_s)
+  return _stats(samples, iters)
+
+
+def time_samples(fn, arg_sets, repeats, target_s, iters=None):
+  """`repeats` samples (seconds per call) of fn over arg_sets (cycled), and the calls per
+  sample (calibrated to target_s unless given)."""
   n = len(arg_sets)
   out = None
   for args in arg_sets:  # warm-up (compiled already) on every input set
@@ -237,7 +246,8 @@ def time_jax(fn, arg_sets, repeats, target_s):
   for args in arg_sets:
     out = fn(*args)
   jax.block_until_ready(out)
-  iters = _calibrate((time.perf_counter() - t0) / n, n, target_s)
+  if iters is None:
+    iters = _calibrate((time.perf_counter() - t0) / n, n, target_s)
   samples, k = [], 0
   for _ in range(repeats):
     t0 = time.perf_counter()
@@ -247,7 +257,27 @@ def time_jax(fn, arg_sets, repeats, target_s):
     jax.block_until_ready(out)
     samples.append((time.perf_counter() - t0) / iters)
   del out
-  return _stats(samples, iters)
+  return samples, iters
+
+
+def time_rounds(fns, arg_sets_of, repeats, target_s, rounds, on_error):
+  """Interleaved timing: `rounds` rounds, each timing every fn of `fns` (name -> fn) for
+  `repeats` samples in turn, so slow drifts (clocks, temperature) hit every fn alike; the
+  samples of all rounds are pooled. arg_sets_of(name) gives a fn's input sets; on_error(name,
+  exc) is called when a fn fails (it is dropped). Returns name -> stats (+ rounds)."""
+  pooled, iters = {name: [] for name in fns}, {}
+  for _ in range(rounds):
+    for name, fn in fns.items():
+      if name not in pooled:
+        continue
+      try:
+        smp, iters[name] = time_samples(fn, arg_sets_of(name), repeats, target_s, iters.get(name))
+      except Exception as e:  # noqa: BLE001 -- one fn failing must not take the others down
+        on_error(name, e)
+        del pooled[name]
+        continue
+      pooled[name].extend(smp)
+  return {name: dict(_stats(smp, iters[name]), rounds=rounds) for name, smp in pooled.items()}
 
 
 # -- torch peer -----------------------------------------------------------------------------
@@ -422,7 +452,7 @@ def bench_gemm(run: Run, suite: str, m: int, n: int, k: int, max_sets: int = MAX
     run.log(f"    {impl:16s} {row['median_us']:10.1f} us  {row['tflops']:8.1f} TFLOP/s  "
             f"rel_err {err:.2e}  [{', '.join(calls) or 'XLA dot'}]")
 
-  def one(impl):
+  def prepare(impl):
     fn, calls = compile_jax(FP8_FNS[impl], sets[0])
     err = float(rel_err(fn(*sets[0]), ref))
     extra = {}
@@ -431,19 +461,28 @@ def bench_gemm(run: Run, suite: str, m: int, n: int, k: int, max_sets: int = MAX
       extra = dict(config=c.name, splits=s, path=run.ours_path(calls))
       if not err < TOL:  # also catches NaN
         run.fail(f"{suite} {shape} {impl}: rel_err {err:.3e} >= {TOL}")
-    record(impl, time_jax(fn, sets, args.repeats, run.target_s), err, calls, **extra)
+    return fn, calls, err, extra
 
-  for impl in (OURS, OURS_FAST, XLA, XLA_PRECISE):
+  def failed(impl, e):
     if impl == OURS:
-      one(impl)  # a crash here is a crash of the shape
-      continue
-    try:  # the extra column and the peer must not take ours' numbers down with them
-      one(impl)
-    except Exception as e:
-      if impl == OURS_FAST:  # our kernel: a failure, but ours' other numbers still count
-        run.fail(f"{suite} {shape} {impl} crashed:\n{traceback.format_exc()}")
-      else:
-        run.peer_error(f"{suite} {shape} {impl}", e)
+      raise e  # a crash here is a crash of the shape
+    if impl == OURS_FAST:  # our kernel: a failure, but ours' other numbers still count
+      run.fail(f"{suite} {shape} {impl} crashed:\n{traceback.format_exc()}")
+    else:  # the extra column and the peer must not take ours' numbers down with them
+      run.peer_error(f"{suite} {shape} {impl}", e)
+
+  ready = {}
+  for impl in (OURS, OURS_FAST, XLA, XLA_PRECISE):
+    try:
+      ready[impl] = prepare(impl)
+    except Exception as e:  # noqa: BLE001
+      failed(impl, e)
+  stats = time_rounds({i: r[0] for i, r in ready.items()}, lambda _: sets, args.repeats,
+                      run.target_s, args.rounds, failed)
+  for impl, st in stats.items():
+    _, calls, err, extra = ready[impl]
+    record(impl, st, err, calls, **extra)
+  del ready
   # bf16: the same (dequantized) values as bf16 operands.
   bsets = [(dequant_bf16(a, sa), dequant_bf16(b, sb)) for a, b, sa, sb in sets]
   fn, calls = compile_jax(bf16_gemm, bsets[0])
@@ -554,13 +593,16 @@ def bench_decode(run: Run, suite: str, n: int, k: int, ms, budget):
     x = xs[m]
     ref = reference(x, wq[0], one, ws[0])
     extra_impls = []
-    for name in args.decode_configs:
+    for spec in args.decode_configs:
+      name, _, sp = spec.partition(":")  # CONFIG or CONFIG:SPLITS
       c = gcfg.get_config(name)
       if c.swap_ab and m > c.tile[1]:
         continue
-      impl = f"ours[{name}]"
-      FP8_FNS[impl] = functools.partial(jax_gmma.fp8_gemm, out_dtype=BF16, config=name)
+      impl = f"ours[{spec}]"
+      FP8_FNS[impl] = functools.partial(jax_gmma.fp8_gemm, out_dtype=BF16, config=name,
+                                        splits=int(sp) if sp else None)
       extra_impls.append(impl)
+    ready = {}
     for impl in (OURS, OURS_FAST, XLA, *extra_impls):
       single, _ = compile_jax(FP8_FNS[impl], (x, wq[0], one, ws[0]))
       err = float(rel_err(single(x, wq[0], one, ws[0]), ref))
@@ -572,9 +614,18 @@ def bench_decode(run: Run, suite: str, n: int, k: int, ms, budget):
         extra.update(config=c.name, splits=sp, path=run.ours_path(calls))
         if not err < TOL:
           run.fail(f"{suite} decode {m}x{n}x{k} {impl}: rel_err {err:.3e} >= {TOL}")
-      stats = time_jax(chain, [(x, one, wq, ws)], args.repeats, run.target_s)
-      record(m, impl, stats, err, calls, n * k, **extra)
-      del single, chain
+      ready[impl] = (chain, calls, err, extra)
+      del single
+
+    def failed(impl, e):
+      raise e
+
+    stats = time_rounds({i: r[0] for i, r in ready.items()}, lambda _: [(x, one, wq, ws)],
+                        args.repeats, run.target_s, args.rounds, failed)
+    for impl, st in stats.items():
+      _, calls, err, extra = ready[impl]
+      record(m, impl, st, err, calls, n * k, **extra)
+    del ready
     if not finite[(m, OURS)] and finite[(m, XLA)]:
       run.fail(f"{suite} decode {m}x{n}x{k}: ours' chain produced non-finite values")
     del ref
@@ -778,7 +829,9 @@ def md_header(title, meta, speedup_line, extra=(), off_gpu="ours is the pure-JAX
        f"ours runs the **{meta['ours_path']}** path",
        f"- jax {meta['jax']}, jaxlib {meta['jaxlib']}, jax-gmma {meta['jax_gmma']}, "
        f"torch {meta['torch'] or '—'}; XLA_FLAGS={meta['xla_flags']!r}",
-       f"- median of {meta['repeats']} repeats (>= {meta['repeat_ms']} ms each); {speedup_line}",
+       f"- median of {meta['repeats']} repeats (>= {meta['repeat_ms']} ms each)"
+       + (f", in {meta['rounds']} interleaved rounds (ours and XLA's FP8 dots)"
+          if meta.get("rounds", 1) > 1 else "") + f"; {speedup_line}",
        *extra, ""]
   if meta["backend"] != "gpu":
     L += [f"> backend is not a GPU: {off_gpu} the times are not a performance measurement "
@@ -932,14 +985,18 @@ def parse_args(argv=None):
                       "all: large + decode + host")
   p.add_argument("--out", default="bench_out", help="output directory (default bench_out/)")
   p.add_argument("--repeats", type=int, default=20, help="timed repeats; the median is reported")
+  p.add_argument("--rounds", type=int, default=1,
+                 help="large and decode suites: time ours and XLA's FP8 dots in this many "
+                      "interleaved rounds of --repeats repeats each (the samples are pooled), so "
+                      "clock and temperature drifts hit both alike (default 1)")
   p.add_argument("--repeat-ms", type=float, default=None,
                  help="minimum duration of one repeat in ms (sets the calls per repeat); "
                       "default 25, 5 for smoke")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--no-torch", action="store_true", help="skip the torch._scaled_mm peer")
   p.add_argument("--decode-configs", default="", type=lambda v: [c for c in v.split(",") if c],
-                 help="comma-separated kernel configs to also time in the decode chains, as "
-                      "extra rows 'ours[<config>]' (tuning aid)")
+                 help="comma-separated kernel configs (CONFIG or CONFIG:SPLITS) to also time in "
+                      "the decode chains, as extra rows 'ours[<config>]' (tuning aid)")
   p.add_argument("--decode-shapes", default="", type=_nk_list,
                  help="decode suite (N, K) list as N:K,N:K (default 8192:8192,28672:8192), e.g. "
                       "the Llama-3-8B linears 6144:4096,4096:4096,28672:4096,4096:14336")
@@ -950,6 +1007,8 @@ def parse_args(argv=None):
   a = p.parse_args(argv)
   if a.repeats < 1:
     p.error("--repeats must be >= 1")
+  if a.rounds < 1:
+    p.error("--rounds must be >= 1")
   if a.repeat_ms is None:
     a.repeat_ms = 5.0 if a.suite == "smoke" else 25.0
   return a
@@ -1024,7 +1083,7 @@ def main(argv=None) -> int:
       built_archs=_backend.built_archs(), ours_path="/".join(paths) or "n/a",
       xla_flags=os.environ.get("XLA_FLAGS", ""),
       xla_python_client_preallocate=os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE"),
-      repeats=args.repeats, repeat_ms=args.repeat_ms, seed=args.seed, tolerance=TOL,
+      repeats=args.repeats, rounds=args.rounds, repeat_ms=args.repeat_ms, seed=args.seed, tolerance=TOL,
       ffi_capture_stats=None if capture0 is None else dict(
           before=list(capture0), after=list(capture1), fields=["captured", "eager"]),
       wall_s=round(time.perf_counter() - t_start, 1))

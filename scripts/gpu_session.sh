@@ -10,7 +10,7 @@
 #   measure  SASS check, key GPU tests, large + decode + host benchmark suites
 #   decode   SASS check, CUDA-graph test, decode chains (+ DECODE_CONFIGS rows), host cost
 #   sweep    benchmarks/sweep.py: decode + large suites (SWEEP_*_ARGS add options), host cost
-#   steps    tests, sass, sweep_decode, sweep_large, large, decode, host, bw_large, bw_decode,
+#   steps    tests, sass, sweep_decode, sweep_large, large (+ LARGE_ARGS), decode, host, bw_large, bw_decode,
 #            bw_quant (block-scaled benchmark suites), wo_smoke, wo_decode, wo_prefill, wo_all (FP4
 #            weight-only suites), minilm, llama (examples); MODE may list several
 #            separated by commas (e.g. tests,sweep_decode)
@@ -60,7 +60,7 @@ step() {
       timeout ${T_SWEEP_DECODE:-200} python3 -P benchmarks/sweep.py --suite decode --out "$OUT/sweep" ${SWEEP_DECODE_ARGS:-} ;;
     sweep_large)
       timeout ${T_SWEEP_LARGE:-240} python3 -P benchmarks/sweep.py --suite large --out "$OUT/sweep" ${SWEEP_LARGE_ARGS:-} ;;
-    large) bench large ${T_LARGE:-300} ;;
+    large) bench large ${T_LARGE:-300} ${LARGE_ARGS:-} ;;
     decode) bench decode ${T_DECODE:-150} --no-plot --decode-configs "${DECODE_CONFIGS:-}" ${DECODE_ARGS:-} ;;
     host) bench host ${T_HOST:-60} --no-plot ;;
     minilm)  # examples/minilm.py on the GPU: needs .minilm/ (--export-half) and .whl/ carried
