@@ -747,7 +747,8 @@ def weightonly_gemm(x, w: PackedWeight, *, x_scale=None, bias=None, out_dtype=No
     raise ValueError(f"{who}: tokens must be one of {TOKENS_CHOICES}, got {tokens}")
   if k_warps is not None and k_warps not in K_WARPS_CHOICES:
     raise ValueError(f"{who}: k_warps must be one of {K_WARPS_CHOICES}, got {k_warps}")
-  rows, tokens, k_warps = resolve_cta(m, w.n, w.k, w.format, rows, tokens, k_warps)
+  # the kernel sees the padded K (what weightonly_pick gets)
+  rows, tokens, k_warps = resolve_cta(m, w.n, w.padded_k, w.format, rows, tokens, k_warps)
   if (rows, tokens, k_warps) not in CTA_SHAPES:
     raise ValueError(f"{who}: no kernel for the CTA shape (rows, tokens, k_warps) = "
                      f"{(rows, tokens, k_warps)}; built shapes: {CTA_SHAPES}")

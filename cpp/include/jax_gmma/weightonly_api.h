@@ -57,8 +57,9 @@ struct WoArgs {
   void* d = nullptr;                // (M, N) row-major, bf16 or f32
   bool d_is_f32 = false;
   WoScale scale = WoScale::kNv16;
-  // The CTA shape (0: pick by shape). rows_per_cta = 16 x strips per warp x row groups
-  // (8 / k_warps); the built shapes are listed in weightonly_common.cuh (kWoCtaShapes).
+  // The CTA shape (0: pick by shape): weight rows x tokens, and the warps that split K (a CTA
+  // is one or more row groups of k_warps warps). Only the shapes listed in
+  // weightonly_common.cuh (kWoCtaShapes) are built; weightonly_check refuses the others.
   int32_t rows_per_cta = 0;         // 16, 32 or 64
   int32_t tokens_per_cta = 0;       // 8 or 16
   int32_t k_warps = 0;              // warps splitting K: 16, 8, 4 or 2 (0: 8 if rows or

@@ -264,6 +264,19 @@ constexpr WoCtaShape kWoCtaShapes[] = {
     {1, 1, 16, 1}, {1, 1, 4, 1}, {1, 2, 4, 1}, {2, 2, 4, 1}, {2, 2, 2, 1}, {1, 2, 2, 4},
 };
 
+// Each (rows, tokens, k_warps) names one row: two rows with the same name would make one of
+// them unreachable.
+constexpr bool wo_cta_shapes_distinct() {
+  constexpr int kCount = static_cast<int>(sizeof(kWoCtaShapes) / sizeof(kWoCtaShapes[0]));
+  for (int i = 0; i < kCount; ++i)
+    for (int j = i + 1; j < kCount; ++j)
+      if (kWoCtaShapes[i].rows() == kWoCtaShapes[j].rows() &&
+          kWoCtaShapes[i].nt == kWoCtaShapes[j].nt && kWoCtaShapes[i].wk == kWoCtaShapes[j].wk)
+        return false;
+  return true;
+}
+static_assert(wo_cta_shapes_distinct(), "kWoCtaShapes: two rows share (rows, tokens, k_warps)");
+
 // The row of kWoCtaShapes for (rows per CTA, tokens per CTA, warps along K), or -1.
 inline int wo_cta_shape_index(int rows, int tokens, int k_warps) {
   for (int i = 0; i < static_cast<int>(sizeof(kWoCtaShapes) / sizeof(kWoCtaShapes[0])); ++i) {
@@ -273,8 +286,8 @@ inline int wo_cta_shape_index(int rows, int tokens, int k_warps) {
   return -1;
 }
 
-// Host: one launch of a weight-only kernel instantiated for CTA shape (RS, NT, WK) (grid:
-// N / rows x ceil(M / (8 NT)), 8 warps, static shared memory only).
+// Host: one launch of a weight-only kernel instantiated for CTA shape (RS, NT, WK, WR) (grid:
+// N / (16 RS WR) x ceil(M / (8 NT)), WK WR warps, static shared memory only).
 template <int RS, int NT, int WK, int WR>
 cudaError_t launch_tile(const WoArgs& a, cudaStream_t stream, void (*kernel)(WoParams)) {
   const WoParams p = make_params(a);
@@ -286,7 +299,7 @@ cudaError_t launch_tile(const WoArgs& a, cudaStream_t stream, void (*kernel)(WoP
 }
 
 // Host: calls launch(RS, NT, WK, WR) (as std::integral_constant) for the kWoCtaShapes row
-// `index`; the switch instantiates every row.
+// `index`; the recursion instantiates every row.
 template <int I, class F>
 cudaError_t dispatch_cta_shape_from(int index, F&& launch) {
   constexpr int kCount = static_cast<int>(sizeof(kWoCtaShapes) / sizeof(kWoCtaShapes[0]));
