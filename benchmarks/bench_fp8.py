@@ -260,19 +260,22 @@ def time_samples(fn, arg_sets, repeats, target_s, iters=None):
   return samples, iters
 
 
-def time_rounds(fns, arg_sets_of, repeats, target_s, rounds, on_error):
-  """Interleaved timing: `rounds` rounds, each timing every fn of `fns` (name -> fn) for
-  `repeats` samples in turn, so slow drifts (clocks, temperature) hit every fn alike; the
-  samples of all rounds are pooled. arg_sets_of(name) gives a fn's input sets; on_error(name,
-  exc) is called when a fn fails (it is dropped). Returns name -> stats (+ rounds)."""
+def time_rounds(fns, arg_sets, repeats, target_s, rounds, on_error=None):
+  """Interleaved timing: `rounds` rounds, each timing every fn of `fns` (name -> fn) over
+  arg_sets for `repeats` samples in turn, so slow drifts (clocks, temperature) hit every fn
+  alike; the samples of all rounds are pooled. When a fn fails, on_error(name, exc) is called
+  and the fn dropped (without on_error the exception propagates). Returns name -> stats
+  (+ rounds)."""
   pooled, iters = {name: [] for name in fns}, {}
   for _ in range(rounds):
     for name, fn in fns.items():
       if name not in pooled:
         continue
       try:
-        smp, iters[name] = time_samples(fn, arg_sets_of(name), repeats, target_s, iters.get(name))
+        smp, iters[name] = time_samples(fn, arg_sets, repeats, target_s, iters.get(name))
       except Exception as e:  # noqa: BLE001 -- one fn failing must not take the others down
+        if on_error is None:
+          raise
         on_error(name, e)
         del pooled[name]
         continue
@@ -477,8 +480,8 @@ def bench_gemm(run: Run, suite: str, m: int, n: int, k: int, max_sets: int = MAX
       ready[impl] = prepare(impl)
     except Exception as e:  # noqa: BLE001
       failed(impl, e)
-  stats = time_rounds({i: r[0] for i, r in ready.items()}, lambda _: sets, args.repeats,
-                      run.target_s, args.rounds, failed)
+  stats = time_rounds({i: r[0] for i, r in ready.items()}, sets, args.repeats, run.target_s,
+                      args.rounds, failed)
   for impl, st in stats.items():
     _, calls, err, extra = ready[impl]
     record(impl, st, err, calls, **extra)
@@ -616,12 +619,8 @@ def bench_decode(run: Run, suite: str, n: int, k: int, ms, budget):
           run.fail(f"{suite} decode {m}x{n}x{k} {impl}: rel_err {err:.3e} >= {TOL}")
       ready[impl] = (chain, calls, err, extra)
       del single
-
-    def failed(impl, e):
-      raise e
-
-    stats = time_rounds({i: r[0] for i, r in ready.items()}, lambda _: [(x, one, wq, ws)],
-                        args.repeats, run.target_s, args.rounds, failed)
+    stats = time_rounds({i: r[0] for i, r in ready.items()}, [(x, one, wq, ws)], args.repeats,
+                        run.target_s, args.rounds)
     for impl, st in stats.items():
       _, calls, err, extra = ready[impl]
       record(m, impl, st, err, calls, n * k, **extra)

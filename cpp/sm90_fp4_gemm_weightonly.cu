@@ -115,7 +115,7 @@ __global__ void __launch_bounds__(WK * WR * 32) wo_gemm_kernel(const WoParams p)
 
   // This warp's K steps are wk, wk + WK, ...: step i of the warp is K step wk + i * WK.
   // Weights and scales run D steps ahead in a register ring, the activations (L2-resident)
-  // one step ahead; the kWarps / WK row groups of a CTA read the same activations.
+  // one step ahead; the WR row groups of a CTA read the same activations.
   const int64_t nsteps = warp_ksteps<WK>(ksteps, at.wk);
   uint4 wr[D][RS];
   uint32_t sr[D][RS];

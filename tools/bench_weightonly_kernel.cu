@@ -420,7 +420,7 @@ int main(int argc, char** argv) {
       CHECK(cudaMemset(x, 0x3f, 64 * sh.k * 2));
       CHECK(cudaMalloc(&d, 64 * sh.n * 4));
       for (int m : ms) {
-        for (int ti = -1; ti < (int)(sizeof(wo_detail::kWoCtaShapes) / sizeof(wo_detail::kWoCtaShapes[0])); ++ti) {
+        for (int ti = -1; ti < wo_detail::kWoCtaShapeCount; ++ti) {
           WoArgs a;
           a.m = m; a.n = sh.n; a.k = sh.k; a.x = x; a.d = d;
           if (ti >= 0) {

@@ -263,13 +263,13 @@ constexpr WoCtaShape kWoCtaShapes[] = {
     // the weightonly_pick shapes with other K splits (tools/bench_weightonly_kernel.cu)
     {1, 1, 16, 1}, {1, 1, 4, 1}, {1, 2, 4, 1}, {2, 2, 4, 1}, {2, 2, 2, 1}, {1, 2, 2, 4},
 };
+constexpr int kWoCtaShapeCount = static_cast<int>(sizeof(kWoCtaShapes) / sizeof(kWoCtaShapes[0]));
 
 // Each (rows, tokens, k_warps) names one row: two rows with the same name would make one of
 // them unreachable.
 constexpr bool wo_cta_shapes_distinct() {
-  constexpr int kCount = static_cast<int>(sizeof(kWoCtaShapes) / sizeof(kWoCtaShapes[0]));
-  for (int i = 0; i < kCount; ++i)
-    for (int j = i + 1; j < kCount; ++j)
+  for (int i = 0; i < kWoCtaShapeCount; ++i)
+    for (int j = i + 1; j < kWoCtaShapeCount; ++j)
       if (kWoCtaShapes[i].rows() == kWoCtaShapes[j].rows() &&
           kWoCtaShapes[i].nt == kWoCtaShapes[j].nt && kWoCtaShapes[i].wk == kWoCtaShapes[j].wk)
         return false;
@@ -279,7 +279,7 @@ static_assert(wo_cta_shapes_distinct(), "kWoCtaShapes: two rows share (rows, tok
 
 // The row of kWoCtaShapes for (rows per CTA, tokens per CTA, warps along K), or -1.
 inline int wo_cta_shape_index(int rows, int tokens, int k_warps) {
-  for (int i = 0; i < static_cast<int>(sizeof(kWoCtaShapes) / sizeof(kWoCtaShapes[0])); ++i) {
+  for (int i = 0; i < kWoCtaShapeCount; ++i) {
     const WoCtaShape& c = kWoCtaShapes[i];
     if (c.rows() == rows && 8 * c.nt == tokens && c.wk == k_warps) return i;
   }
@@ -302,8 +302,7 @@ cudaError_t launch_tile(const WoArgs& a, cudaStream_t stream, void (*kernel)(WoP
 // `index`; the recursion instantiates every row.
 template <int I, class F>
 cudaError_t dispatch_cta_shape_from(int index, F&& launch) {
-  constexpr int kCount = static_cast<int>(sizeof(kWoCtaShapes) / sizeof(kWoCtaShapes[0]));
-  if constexpr (I >= kCount) {
+  if constexpr (I >= kWoCtaShapeCount) {
     return cudaErrorInvalidValue;
   } else {
     if (index == I) {
