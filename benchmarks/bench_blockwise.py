@@ -24,6 +24,15 @@ Implementations ("impl"; every one has bf16 output)
   xla_fp8          the per-tensor fp8 operands straight into lax.dot_general(..., precision=HIGHEST,
                    preferred_element_type=bf16), times sa * sb (bench_fp8's xla_fp8_precise: XLA's
                    cuBLASLt FP8 GEMM without fast accumulation).
+  ours_mxfp8       jax_gmma.mx_gemm(a_q, b_q, out_dtype=bf16) (its automatic path: on Hopper the
+                   kernel below M = 512, the exact bf16 route -- "path": "dequant" -- from there;
+                   the large suite adds a row ours_mxfp8[kernel] forcing the kernel) on the same
+                   MXFP8 operands as
+                   jax.nn.scaled_matmul's (elements and E8M0 scales unchanged, the scales swizzled
+                   once to the kernel layout, as quantize(x, "mxfp8", layout="sm100_128x4") stores
+                   them): on Hopper jax-gmma's own MXFP8 kernel (every 32-K block's scales applied
+                   exactly in float32; config from jax_gmma.mx.select_sm90_config). In decode
+                   chains the activation is quantized with quantize(x, "mxfp8", layout=...).
   jax_nn_scaled_matmul_mxfp8
                    jax.nn.scaled_matmul(lhs (1, M, K), rhs (1, N, K), e8m0 scales (1, M, K/32),
                    (1, N, K/32), preferred_element_type=bf16) on MXFP8 operands made by JAX's own
@@ -120,7 +129,8 @@ except ImportError:  # pragma: no cover
 
 OURS, PERT, XLA, JNN, TORCH, BF = ("ours_1d2d", "ours_pertensor", "xla_fp8",
                                    "jax_nn_scaled_matmul_mxfp8", "torch_blockwise", "bf16")
-IMPLS = (OURS, PERT, XLA, JNN, TORCH, BF)
+MXO = "ours_mxfp8"
+IMPLS = (OURS, PERT, XLA, MXO, JNN, TORCH, BF)
 QUANT, QUANT_CH, GEMM, FUSED = ("quantize_1x128", "quantize_fp8_channel", "ours_1d2d_gemm",
                                 "quantize_1x128+ours_1d2d")
 QUANT_JAX = "quantize_1x128_jax"  # the pure-JAX path, timed where the kernel runs
@@ -149,6 +159,7 @@ BAR_VS_JNN_LARGE = 2.0  # at 8192^3
 BAR_DECODE_VS_PERT = 1.15  # t_ours_1d2d / t_ours_pertensor <=
 BAR_DECODE_VS_JNN = 15.0  # t_jnn / t_ours_1d2d >= (M <= 128)
 BAR_QUANT = 0.15  # t_quantize / t_gemm <=
+BAR_MX_VS_1D2D = 0.85  # MXFP8: t_ours_1d2d / t_ours_mxfp8 >= (large)
 
 
 # -- data -----------------------------------------------------------------------------------
@@ -229,6 +240,39 @@ def ours_1d2d_gemm(a, b, sa, sb):
   return jax_gmma.blockwise_gemm(a, b, sa, sb, out_dtype=BF16)
 
 
+def mx_q(data, scales):
+  """A (rows, K) MXFP8 QuantizedArray from jax.nn.scaled_matmul's operand form (one batch
+  entry): same elements and scales, the scales swizzled to the kernel layout."""
+  return jax_gmma.QuantizedArray(data, jax_gmma.layouts.swizzle_scales(scales), format="mxfp8",
+                                 shape=data.shape, dtype=data.dtype, layout="sm100_128x4")
+
+
+@jax.jit
+def mx_operands(a, b, sa, sb):
+  return (mx_q(a[0], sa[0]), mx_q(b[0], sb[0]))
+
+
+def ours_mx_gemm(a_q, b_q):  # mx_gemm's automatic path (Hopper: exact bf16 route from M = 512)
+  return jax_gmma.mx_gemm(a_q, b_q, out_dtype=BF16)
+
+
+def ours_mx_kernel(a_q, b_q):  # the MXFP8 kernel at every M
+  return jax_gmma.mx_gemm(a_q, b_q, out_dtype=BF16, path="kernel")
+
+
+def q_mx_ours(x):
+  return jax_gmma.quantize(x, "mxfp8", layout="sm100_128x4")
+
+
+@jax.jit
+def ref_mx_q(a_q, b_q):
+  return jnp.dot(jax_gmma.dequantize(a_q), jax_gmma.dequantize(b_q).T, precision=HIGHEST)
+
+
+def mx_config(m, n):
+  return jax_gmma.mx.select_sm90_config(m, n)
+
+
 def _mx_deq(x, s):
   return x.astype(F32) * jnp.repeat(s.astype(F32), x.shape[-1] // s.shape[-1], axis=-1)
 
@@ -276,6 +320,15 @@ class BRun(Run):
   def bw_path(self, calls):
     return "kernel" if _backend.FP8_BLOCKWISE_GEMM_TARGET in calls else "reference"
 
+  def mx_path(self, calls):
+    if _backend.MX_GEMM_TARGET in calls:
+      return "kernel"
+    return "dequant" if self.on_gpu else "reference"  # mx_gemm's exact bf16 path on a GPU
+
+
+class _Skip(Exception):
+  """An implementation left out by --impls."""
+
 
 def _n_sets(set_bytes, max_sets):
   return int(min(max_sets, max(3, math.ceil(ROTATE_BYTES / set_bytes))))
@@ -304,6 +357,7 @@ def bench_gemm(run: BRun, suite: str, m: int, n: int, k: int, max_sets: int = MA
   for _ in range(n_sets):
     ops.append(make_operands(normal(run.next_key(), (m, k)), normal(run.next_key(), (n, k))))
   sets = {fmt: [o[fmt] for o in ops] for fmt in ("bw", "pt", "mx")}
+  sets["mxq"] = [mx_operands(*s) for s in sets["mx"]]
   del ops
   base = dict(suite=suite, kind="gemm", shape=shape, m=m, n=n, k=k, input_sets=n_sets,
               flops=2 * m * n * k)
@@ -318,17 +372,21 @@ def bench_gemm(run: BRun, suite: str, m: int, n: int, k: int, max_sets: int = MA
 
   refs = {"bw": ref_1d2d(*sets["bw"][0]), "pt": reference(*sets["pt"][0])}
   plan = [(OURS, ours_1d2d_gemm, "bw"), (PERT, ours_gemm, "pt"), (XLA, xla_fp8_precise_gemm, "pt"),
+          (MXO, ours_mx_gemm, "mxq"), (f"{MXO}[kernel]", ours_mx_kernel, "mxq"),
           (JNN, make_jnn_gemm(run.jnn_emulated), "mx")]
   # --configs: the same 1x128 x 128x128 GEMM forced onto other configs (extra rows).
   plan[1:1] = [(f"{OURS}[{name}]", functools.partial(jax_gmma.blockwise_gemm, out_dtype=BF16, config=name),
                 "bw") for name in args.configs]
+  plan = [p for p in plan if not args.impls or p[0] in args.impls or p[0].startswith(f"{OURS}[")
+          or (p[0] == f"{MXO}[kernel]" and MXO in args.impls)]
   for impl, fn_, fmt in plan:
-    ours_kernel = impl in (OURS, PERT) or impl.startswith(f"{OURS}[")  # checked, never a peer
+    ours_kernel = impl in (OURS, PERT, MXO, f"{MXO}[kernel]") or impl.startswith(f"{OURS}[")  # checked
     try:
       fn, calls = compile_jax(fn_, sets[fmt][0])
-      if fmt == "mx":  # its own reference, computed when needed (frees the others first)
+      if fmt in ("mx", "mxq") and "mx" not in refs:  # its own reference (frees the others first)
         refs.pop("bw", None)
         refs["mx"] = ref_mx(*sets["mx"][0])
+        refs["mxq"] = refs["mx"]
       err = float(rel_err(fn(*sets[fmt][0]), refs[fmt]))
       extra = {}
       if impl == OURS:
@@ -339,6 +397,10 @@ def bench_gemm(run: BRun, suite: str, m: int, n: int, k: int, max_sets: int = MA
         extra = dict(path=run.ours_path(calls))
       elif impl == JNN:
         extra = dict(quantizer=MX_QUANTIZER, path="emulated" if run.jnn_emulated else "jax")
+      elif impl in (MXO, f"{MXO}[kernel]"):
+        extra = dict(path=run.mx_path(calls))
+        if extra["path"] != "dequant":
+          extra["config"] = mx_config(m, n)
       if ours_kernel and not err < TOL:  # also catches NaN
         run.fail(f"{suite} {shape} {impl}: rel_err {err:.3e} >= {TOL}")
       record(impl, time_jax(fn, sets[fmt], args.repeats, run.target_s), err, calls, **extra)
@@ -350,15 +412,19 @@ def bench_gemm(run: BRun, suite: str, m: int, n: int, k: int, max_sets: int = MA
         run.peer_error(f"{suite} {shape} {impl}", e)
   # bf16: the dequantized per-tensor values as bf16 operands.
   try:
+    if args.impls and BF not in args.impls:
+      raise _Skip()
     bsets = [(dequant_bf16(a, sa), dequant_bf16(b, sb)) for a, b, sa, sb in sets["pt"]]
     fn, calls = compile_jax(bf16_gemm, bsets[0])
     err = float(rel_err(fn(*bsets[0]), refs["pt"]))
     record(BF, time_jax(fn, bsets, args.repeats, run.target_s), err, calls)
+  except _Skip:
+    pass
   except Exception as e:
     run.peer_error(f"{suite} {shape} {BF}", e)
   fn = bsets = sets = refs = None  # free the device buffers before the torch peer
   gc.collect()
-  if run.torch.ok:
+  if run.torch.ok and (not args.impls or TORCH in args.impls):
     try:
       _torch_gemm(run, m, n, k, n_sets, record)
     except Exception as e:  # a peer failing must not take ours' numbers down with it
@@ -494,7 +560,7 @@ def _n_distinct(n, k, budget, steps):
 
 @jax.jit
 def _weight_formats(w):
-  return (q_128x128(w), q_tensor(w), q_mx(w))
+  return (q_128x128(w), q_tensor(w), q_mx(w), q_mx_ours(w))
 
 
 def _pert_step(x, w):
@@ -511,18 +577,20 @@ def bench_decode(run: BRun, suite: str, n: int, k: int, ms, budget, steps, slow_
   d = _n_distinct(n, k, budget, steps)
   run.log(f"[{suite}] decode N={n} K={k}: {steps} GEMMs per chain ({slow_steps} for {JNN}), {d} "
           f"distinct weights per format ({d * n * k / 1e9:.2f} GB fp8)")
-  wbw, wpt, wmx = [], [], []
+  wbw, wpt, wmx, wmq = [], [], [], []
   for _ in range(d):
-    f_bw, f_pt, f_mx = _weight_formats(normal(run.next_key(), (n, k), std=1.0 / math.sqrt(k)))
+    f_bw, f_pt, f_mx, f_mq = _weight_formats(normal(run.next_key(), (n, k), std=1.0 / math.sqrt(k)))
     wbw.append(f_bw)
     wpt.append(f_pt)
     wmx.append(f_mx)
+    wmq.append(f_mq)
   kb = -(-k // 128)
   formats = {
       OURS: (lambda x, w: ours_1d2d_gemm(x[0], w[0], x[1], w[1]), q_1x128, tuple(wbw), ref_1d2d,
              n * k + 4 * (-(-n // 128)) * kb, steps),
       PERT: (_pert_step, q_channel, tuple(wpt), reference, n * k, steps),
       XLA: (_xla_step, q_channel, tuple(wpt), reference, n * k, steps),
+      MXO: (ours_mx_gemm, q_mx_ours, tuple(wmq), ref_mx_q, n * k + n * k // MX_BLOCK, steps),
       JNN: (lambda x, w: make_jnn_gemm(run.jnn_emulated)(x[0], w[0], x[1], w[1]), q_mx,
             tuple(wmx[:slow_steps]), ref_mx, n * k + n * k // MX_BLOCK, slow_steps),
   }
@@ -547,6 +615,8 @@ def bench_decode(run: BRun, suite: str, n: int, k: int, ms, budget, steps, slow_
     run.log(f"  M={m}: ours_1d2d -> {cfg.name} splits={splits}")
     src = normal(run.next_key(), (m, k))
     for impl, (step, to_act, ws, ref_fn, wbytes, chain_steps) in formats.items():
+      if args.impls and impl not in args.impls:
+        continue
       try:
         x = jax.jit(to_act)(src)
         single, _ = compile_jax(step, (x, ws[0]))
@@ -562,21 +632,23 @@ def bench_decode(run: BRun, suite: str, n: int, k: int, ms, budget, steps, slow_
           extra.update(path=run.ours_path(calls))
         elif impl == JNN:
           extra.update(quantizer=MX_QUANTIZER, path="emulated" if run.jnn_emulated else "jax")
-        if impl in (OURS, PERT) and not err < TOL:
+        elif impl == MXO:
+          extra.update(config=mx_config(m, n), path=run.mx_path(calls))
+        if impl in (OURS, PERT, MXO) and not err < TOL:
           run.fail(f"{suite} decode {m}x{n}x{k} {impl}: rel_err {err:.3e} >= {TOL}")
         reps = args.repeats if impl != JNN else max(1, min(args.repeats, 5))
         stats = time_jax(chain, [(x, ws)], reps, run.target_s)
         record(m, impl, stats, err, calls, wbytes, chain_steps, len(ws), **extra)
         del chain
       except Exception as e:
-        if impl in (OURS, PERT):
+        if impl in (OURS, PERT, MXO):
           run.fail(f"{suite} decode {m}x{n}x{k} {impl} crashed:\n{traceback.format_exc()}")
         else:
           run.peer_error(f"{suite} decode {m}x{n}x{k} {impl}", e)
-    for impl in (OURS, PERT):
+    for impl in (OURS, PERT, MXO):
       if finite.get((m, impl)) is False and finite.get((m, XLA)):
         run.fail(f"{suite} decode {m}x{n}x{k}: {impl}'s chain produced non-finite values")
-  del formats, wbw, wpt, wmx
+  del formats, wbw, wpt, wmx, wmq
   gc.collect()
   for m in ms:
     _add_ratios(rows_by_m[m])
@@ -584,6 +656,8 @@ def bench_decode(run: BRun, suite: str, n: int, k: int, ms, budget, steps, slow_
 
 
 def _ref_args(impl, x, w):
+  if impl == MXO:
+    return (x, w)
   if impl in (OURS, JNN):
     return (x[0], w[0], x[1], w[1])
   return (x[0], w[0], x[1][:, None], w[1])  # per-token sa broadcasts over N
@@ -713,6 +787,30 @@ def bars(rows):
       if JNN in sv and r["m"] <= 128:
         out.append(dict(where=where, what="ours_1d2d speedup vs jax.nn.scaled_matmul (MXFP8)",
                         value=sv[JNN], bar=f">= {BAR_DECODE_VS_JNN}", met=sv[JNN] >= BAR_DECODE_VS_JNN))
+  # MXFP8 (ours_mxfp8) against jax.nn.scaled_matmul, ours_1d2d and ours_pertensor.
+  t = {(r["suite"], r["kind"], r["shape"], r["impl"]): r.get("median_us") for r in rows}
+  for r in rows:
+    if r["impl"] != MXO or not r.get("median_us"):
+      continue
+    key = (r["suite"], r["kind"], r["shape"])
+    where = f"{r['suite']} {r['kind']} {r['shape']}"
+    jnn, one, pert = t.get(key + (JNN,)), t.get(key + (OURS,)), t.get(key + (PERT,))
+    if r["kind"] == "gemm":
+      if jnn and (r["m"], r["n"], r["k"]) == (8192, 8192, 8192):
+        out.append(dict(where=where, what="ours_mxfp8 speedup vs jax.nn.scaled_matmul (MXFP8)",
+                        value=jnn / r["median_us"], bar=f">= {BAR_VS_JNN_LARGE}",
+                        met=jnn / r["median_us"] >= BAR_VS_JNN_LARGE))
+      if one:
+        out.append(dict(where=where, what="ours_mxfp8 speed / ours_1d2d speed", value=one / r["median_us"],
+                        bar=f">= {BAR_MX_VS_1D2D}", met=one / r["median_us"] >= BAR_MX_VS_1D2D))
+    elif r["kind"] == "decode":
+      if jnn and r["m"] <= 128:
+        out.append(dict(where=where, what="ours_mxfp8 speedup vs jax.nn.scaled_matmul (MXFP8)",
+                        value=jnn / r["median_us"], bar=f">= {BAR_DECODE_VS_JNN}",
+                        met=jnn / r["median_us"] >= BAR_DECODE_VS_JNN))
+      if pert:
+        out.append(dict(where=where, what="ours_mxfp8 time / ours_pertensor time", value=r["median_us"] / pert,
+                        bar=f"<= {BAR_DECODE_VS_PERT}", met=r["median_us"] / pert <= BAR_DECODE_VS_PERT))
   for r in rows:
     if r["impl"] == GEMM and r.get("quant_ratio") is not None:
       out.append(dict(where=f"{r['suite']} quant {r['shape']}",
@@ -814,7 +912,25 @@ def parse_args(argv=None):
   p.add_argument("--no-plot", action="store_true", help="do not write the PNG")
   p.add_argument("--configs", default="", type=lambda v: [c for c in v.split(",") if c],
                  help="large/smoke suites: extra rows forcing these blockwise configs (comma list)")
+  p.add_argument("--impls", default="", type=lambda v: [c for c in v.split(",") if c],
+                 help=f"run only these implementations (comma list of {', '.join(IMPLS)}; default all)")
+  p.add_argument("--shapes", default="", type=lambda v: [c for c in v.split(",") if c],
+                 help="large suite: only these MxNxK shapes (comma list; default the issue's list)")
+  p.add_argument("--decode-ms", default="", type=lambda v: [int(c) for c in v.split(",") if c],
+                 help="decode suite: these M (default 1,16,64,128)")
+  p.add_argument("--decode-nk", default="", type=lambda v: [c for c in v.split(",") if c],
+                 help="decode suite: these NxK (default 8192x8192,28672x8192)")
   a = p.parse_args(argv)
+  bad = [i for i in a.impls if i not in IMPLS]
+  if bad:
+    p.error(f"--impls: unknown {', '.join(bad)} (choices: {', '.join(IMPLS)})")
+  try:
+    a.shapes = [tuple(int(v) for v in s.split("x")) for s in a.shapes]
+    a.decode_nk = [tuple(int(v) for v in s.split("x")) for s in a.decode_nk]
+  except ValueError:
+    p.error("--shapes / --decode-nk take MxNxK / NxK lists, e.g. 8192x8192x8192")
+  if any(len(s) != 3 for s in a.shapes) or any(len(s) != 2 for s in a.decode_nk):
+    p.error("--shapes / --decode-nk take MxNxK / NxK lists, e.g. 8192x8192x8192")
   if a.repeats < 1:
     p.error("--repeats must be >= 1")
   if a.slow_chain < 1:
@@ -864,11 +980,11 @@ def main(argv=None) -> int:
     m, k, ns = SMOKE_QUANT
     run.guard("smoke quant", bench_quant, "smoke", m, k, ns, 2)  # 2 operations per call
   if args.suite in ("large", "all"):
-    for m, n, k in LARGE_SHAPES:
+    for m, n, k in args.shapes or LARGE_SHAPES:
       run.guard(f"large {m}x{n}x{k}", bench_gemm, "large", m, n, k)
   if args.suite in ("decode", "all"):
-    for n, k in DECODE_NK:
-      run.guard(f"decode N={n} K={k}", bench_decode, "decode", n, k, DECODE_MS,
+    for n, k in args.decode_nk or DECODE_NK:
+      run.guard(f"decode N={n} K={k}", bench_decode, "decode", n, k, args.decode_ms or DECODE_MS,
                 DECODE_WEIGHT_BUDGET, CHAIN, args.slow_chain)
   if args.suite in ("quant", "all"):
     run.guard("quant", bench_quant, "quant", QUANT_M, QUANT_K, QUANT_NS)

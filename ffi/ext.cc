@@ -5,7 +5,7 @@
 //   check(...)       -> (error message or None, workspace bytes): CUTLASS can_implement and
 //                       get_workspace_size, host only, at trace time
 //   check_blockwise(...) -> the same for the block-scaled family ("blockwise_*" kernels)
-//   check_blockscaled(...) -> the same for the Blackwell MX / NVFP4 family ("sm100_*"/"sm120_*")
+//   check_blockscaled(...) -> the same for the MX / NVFP4 family ("sm100_*"/"sm120_*", "sm90_mxf8_*")
 //   prepare(device)  -> one-time per-device kernel setup, outside any stream capture
 //   built_archs(), cuda_built()
 #include <nanobind/nanobind.h>
@@ -189,8 +189,9 @@ NB_MODULE(_gmma_ext, m) {
          int64_t mm, int64_t n, int64_t k, int sf_vec, int sm_count, bool has_bias,
          bool has_global) -> std::pair<std::optional<std::string>, int64_t> {
 #if defined(JAX_GMMA_WITH_CUDA)
-        if (config.rfind("sm100_", 0) != 0 && config.rfind("sm120_", 0) != 0)
-          return {std::string("not a Blackwell block-scaled kernel: '") + config + "'", 0};
+        if (config.rfind("sm100_", 0) != 0 && config.rfind("sm120_", 0) != 0 &&
+            config.rfind("sm90_mxf8_", 0) != 0)
+          return {std::string("not an MX / NVFP4 block-scaled kernel: '") + config + "'", 0};
         if (sf_vec != 16 && sf_vec != 32) return {std::string("sf_vec must be 16 or 32"), 0};
         const jax_gmma::KernelEntry* e =
             jax_gmma::find_kernel(config.c_str(), parse_dtype(a), parse_dtype(b), parse_dtype(d));

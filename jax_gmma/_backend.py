@@ -12,7 +12,7 @@ import jax
 
 FP8_GEMM_TARGET = "jax_gmma_fp8_gemm"
 FP8_BLOCKWISE_GEMM_TARGET = "jax_gmma_fp8_blockwise_gemm"
-MX_GEMM_TARGET = "jax_gmma_mx_gemm"  # Blackwell MX / NVFP4 block-scaled GEMMs (jax_gmma/mx.py)
+MX_GEMM_TARGET = "jax_gmma_mx_gemm"  # MX / NVFP4 block-scaled GEMMs (jax_gmma/mx.py; MXFP8 on Hopper)
 #: Compute capabilities (as jax reports them) that have kernels, by built arch (the FP8
 #: tensorwise / blockwise families; the MX / NVFP4 family has its own map, jax_gmma.mx.ARCH_FOR_CC).
 ARCH_FOR_CC = {"9.0": "sm_90a"}

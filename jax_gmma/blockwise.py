@@ -211,8 +211,10 @@ def blockwise_gemm(a, b, a_scales, b_scales, *, bias=None, out_dtype=jnp.bfloat1
   return out.reshape(shapes.output_shape(problem))
 
 
-#: Block size along K of the only block-scaled kernels on Hopper.
+#: Block size along K of the 1x128 block-scaled kernels.
 SCALED_MATMUL_BLOCK = 128
+#: MXFP8's block size (E8M0 scales): jax_gmma.mx_gemm (jax-gmma's own kernel on Hopper).
+SCALED_MATMUL_MX_BLOCK = 32
 #: Scale dtypes scaled_matmul accepts for the kernel path (all exact in float32).
 _EXACT_SCALE_DTYPES = (shapes.F32, shapes.BF16, shapes.F16, np.dtype(E8M0))
 
@@ -227,6 +229,19 @@ def _scaled_matmul_reference(lhs, rhs, lhs_scales, rhs_scales, preferred_element
   return out.astype(preferred_element_type)
 
 
+def _mx_scaled_matmul(lhs, rhs, lhs_scales, rhs_scales, out_dtype):
+  """MXFP8 scaled_matmul: mx_gemm per batch entry on swizzled copies of the scales."""
+  from . import layouts, mx  # no import cycle at module load
+  from .quantize import QuantizedArray
+
+  def q(x, s):
+    return QuantizedArray(x, layouts.swizzle_scales(s), format="mxfp8", shape=x.shape,
+                          dtype=shapes.F8E4M3, layout=layouts.SM100_128X4)
+  outs = [mx.mx_gemm(q(lhs[i], lhs_scales[i]), q(rhs[i], rhs_scales[i]), out_dtype=out_dtype)
+          for i in range(lhs.shape[0])]
+  return jnp.stack(outs) if len(outs) > 1 else outs[0][None]
+
+
 def scaled_matmul(lhs, rhs, lhs_scales, rhs_scales, preferred_element_type=jnp.float32):
   """``jax.nn.scaled_matmul`` on jax-gmma's Hopper kernels.
 
@@ -234,9 +249,14 @@ def scaled_matmul(lhs, rhs, lhs_scales, rhs_scales, preferred_element_type=jnp.f
   (B, M, N) = einsum('BMK,BNK->BMN', lhs * repeat(lhs_scales, bs), rhs * repeat(rhs_scales, bs)).
   With block size bs = 128, float8_e4m3fn operands and float32 / bfloat16 / float16 /
   float8_e8m0fnu scales (converted to float32 exactly), this runs the block-scaled kernel
-  (1x128 x 1x128 scales), one GEMM per batch entry. Any other block size or dtype (e.g. MXFP8,
-  block 32) has no Hopper kernel: it raises unless the reference path is allowed
-  (``jax_gmma.allow_reference``), which then computes the documented maths in float32.
+  (1x128 x 1x128 scales), one GEMM per batch entry. MXFP8 (block size 32, float8_e4m3fn
+  operands, float8_e8m0fnu scales, what ``jax.nn.get_scaled_dot_general_config("mxfp8")``
+  makes) runs :func:`jax_gmma.mx_gemm` per batch entry (on Hopper jax-gmma's own kernel: every
+  scale applied exactly in float32, see :mod:`jax_gmma.mx`); its scales are swizzled to the
+  kernel layout in the same jitted computation (1/32 of the operand bytes; quantize with
+  ``layout="sm100_128x4"`` and call mx_gemm to do that once). Any other block size or dtype has
+  no kernel: it raises unless the reference path is allowed (``jax_gmma.allow_reference``),
+  which then computes the documented maths in float32.
   """
   lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
   lhs_scales, rhs_scales = jnp.asarray(lhs_scales), jnp.asarray(rhs_scales)
@@ -259,14 +279,22 @@ def scaled_matmul(lhs, rhs, lhs_scales, rhs_scales, preferred_element_type=jnp.f
     raise ValueError(f"scaled_matmul: K ({k}) must be a multiple of the scales' last dimension ({kb})")
   block = k // kb
   out_dtype = np.dtype(jnp.dtype(preferred_element_type))
+  if (block == SCALED_MATMUL_MX_BLOCK and np.dtype(lhs.dtype) == shapes.F8E4M3 and
+      np.dtype(rhs.dtype) == shapes.F8E4M3 and np.dtype(lhs_scales.dtype) == np.dtype(E8M0) and
+      np.dtype(rhs_scales.dtype) == np.dtype(E8M0) and out_dtype in shapes.BLOCKWISE_OUT_DTYPES):
+    return _mx_scaled_matmul(lhs, rhs, lhs_scales, rhs_scales, out_dtype)
   why = None
-  if block != SCALED_MATMUL_BLOCK:
-    why = (f"block size {block} (K={k} / {kb} scales) has no Hopper kernel; jax_gmma's block-scaled "
-           f"kernels use block size {SCALED_MATMUL_BLOCK} (MXFP8's block 32 and NVFP4's block 16 "
-           "need Blackwell kernels, not built yet)")
+  if block != SCALED_MATMUL_BLOCK and block != SCALED_MATMUL_MX_BLOCK:
+    why = (f"block size {block} (K={k} / {kb} scales) has no kernel behind scaled_matmul; it takes "
+           f"block size {SCALED_MATMUL_BLOCK} (the 1x128 kernels) or {SCALED_MATMUL_MX_BLOCK} with "
+           "float8_e8m0fnu scales (MXFP8, jax_gmma.mx_gemm); NVFP4 (block 16, two-level scales) goes "
+           "through jax_gmma.quantize(x, 'nvfp4', layout='sm100_128x4') and mx_gemm")
   elif np.dtype(lhs.dtype) != shapes.F8E4M3 or np.dtype(rhs.dtype) != shapes.F8E4M3:
     why = (f"operands {np.dtype(lhs.dtype).name} x {np.dtype(rhs.dtype).name} have no kernel; the "
            "block-scaled kernels take float8_e4m3fn x float8_e4m3fn")
+  elif block == SCALED_MATMUL_MX_BLOCK:
+    why = (f"block size 32 takes float8_e8m0fnu scales (MXFP8), got {np.dtype(lhs_scales.dtype).name} / "
+           f"{np.dtype(rhs_scales.dtype).name}")
   elif any(np.dtype(s.dtype) not in _EXACT_SCALE_DTYPES for s in (lhs_scales, rhs_scales)):
     why = (f"scale dtypes {np.dtype(lhs_scales.dtype).name} / {np.dtype(rhs_scales.dtype).name} are not "
            "supported; use float32, bfloat16, float16 or float8_e8m0fnu")

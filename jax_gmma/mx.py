@@ -1,4 +1,4 @@
-"""Blackwell block-scaled GEMMs on MX / NVFP4 operands: ``mx_gemm(a_q, b_q)``.
+"""Block-scaled GEMMs on MX / NVFP4 operands: ``mx_gemm(a_q, b_q)`` (Blackwell; MXFP8 on Hopper).
 
     out[m, n] = alpha * sum_kb sa[m, kb] * sb[n, kb] * sum_{k in block kb} a[m, k] * b[n, k]  (+ bias[n])
 
@@ -10,16 +10,36 @@ epilogue). Both operands carry their scales in the swizzled 128x4-atom layout
 
 Paths (chosen at trace time, per the first CUDA device):
 
+* compute capability 9.0 (H100 / H200) -> for MXFP8 x MXFP8 (float8_e4m3fn elements) jax-gmma's
+  own sm_90a kernel (``cpp/sm90_mxf8_gemm_blockscaled.cu``). Hopper has no block-scaled MMA
+  instruction: each 32-K block is one e4m3 wgmma into a fresh float32 tile, then promoted,
+  ``acc += (sa * sb) * tile`` in float32, so every E8M0 scale is applied exactly (one rounding
+  per block; inside a block the FP8 tensor core's own accumulation, ~2^-13 relative). Configs
+  (:func:`select_config`): ``..._128x128`` for M > 64 (128 x 128 tiles, two consumer warp
+  groups), and for decode the "swap" configs ``..._swap_128x{16,32,64}`` (the weights stream
+  through the wgmma M side, the M tokens are its N side). The promotion costs two float32
+  operations per accumulator element per 32 of K, so at large M the kernel is bound by the CUDA
+  cores (~370 TFLOP/s on an H200) and the exact bf16 route below is faster: from
+  ``M >= SM90_DEQUANT_MIN_M`` (512) ``mx_gemm`` takes path ``"dequant"`` on Hopper. Other
+  format pairs raise on Hopper;
 * compute capability 10.0 (B200 / GB200) -> the sm_100a CUTLASS kernels (tcgen05, 1-SM or 2-SM);
 * compute capability 12.0 (RTX 50 / RTX PRO) -> the sm_120a CUTLASS kernels;
-* any other GPU (Hopper 9.0 included: it has no block-scaled MX/NV tensor-core instructions),
-  a build without that arch, or a format pair without a kernel: :class:`KernelUnavailable`
-  naming the formats and the arch, unless the reference path is allowed
-  (:func:`jax_gmma.allow_reference`);
+* any other GPU, a build without that arch, or a format pair without a kernel:
+  :class:`KernelUnavailable` naming the formats and the arch, unless the reference path is
+  allowed (:func:`jax_gmma.allow_reference`);
 * CPU / TPU: the pure-JAX reference (unpack, unswizzle, dequantize, float32 dot, scale, cast).
 
-NOT RUN ON HARDWARE: this project has no Blackwell GPU. The kernels are compiled, registered
-and checked on the host and in their SASS; the reference path is what the tests run.
+Path ``"dequant"`` (``mx_gemm(..., path="dequant")``, any platform; Hopper's pick from M = 512):
+both operands dequantized to bfloat16 -- exactly: an element times its power-of-two (E8M0) or
+E4M3 scale has at most 5 significant bits, exact in bfloat16 unless it falls below bfloat16's
+normal range (2^-126, i.e. only for scales under ~2^-117) -- then XLA's bfloat16 GEMM with
+float32 accumulation, the NVFP4 global scales and the bias in float32. This is what
+``jax.nn.scaled_matmul`` does on Hopper (the same speed), and it is more precise than the FP8
+kernel (no FP8 tensor-core accumulation inside a block).
+
+NOT RUN ON HARDWARE (Blackwell): this project has no Blackwell GPU. The sm_100a / sm_120a
+kernels are compiled, registered and checked on the host and in their SASS; the reference path
+is what the tests run. The Hopper MXFP8 kernel is tested on an H200 (tests/test_gpu_mx_sm90.py).
 
 The primitive ``mx_gemm_p`` takes the kernel's operand form: fp8 elements as-is, FP6 / FP4
 elements packed into bytes (:func:`jax_gmma.quantize.pack_fp6` / :func:`pack_fp4`), scale
@@ -74,6 +94,10 @@ ARCH_FOR_CC = {"9.0": "sm_90a", "10.0": "sm_100a", "12.0": "sm_120a"}
 # Kernels per arch and (A format, B format): config names (cpp/sm100_mx_gemm_blockscaled.cuh,
 # cpp/sm120_mx_gemm_blockscaled.cuh). mxfp8 kernels take float8_e4m3fn elements only.
 KERNELS = {
+    "sm_90a": {
+        ("mxfp8", "mxfp8"): ("sm90_mxf8_blockscaled_128x128", "sm90_mxf8_blockscaled_swap_128x16",
+                             "sm90_mxf8_blockscaled_swap_128x32", "sm90_mxf8_blockscaled_swap_128x64"),
+    },
     "sm_100a": {
         ("mxfp8", "mxfp8"): ("sm100_mxfp8xmxfp8_128x128x128_1sm", "sm100_mxfp8xmxfp8_256x128x128_2sm"),
         ("mxfp6_e2m3", "mxfp6_e2m3"): ("sm100_mxfp6_e2m3xmxfp6_e2m3_128x128x128_1sm",
@@ -261,12 +285,31 @@ def _reference_lowering(a, b, a_sf, b_sf, a_global, b_global, bias, *, m, n, k, 
   return out.astype(out_dtype)
 
 
+def _dequant_lowering(a, b, a_sf, b_sf, a_global, b_global, bias, *, m, n, k, a_dtype, b_dtype,
+                      sf_vec, out_dtype, has_bias, has_global, **_):
+  """Path "dequant": exact bfloat16 operands, XLA's bf16 GEMM with float32 accumulation."""
+  scale_dtype = E4M3 if sf_vec == 16 else _formats.E8M0
+  af = (_unpack(a, a_dtype, k) * _sf_values(a_sf, m, k, sf_vec, scale_dtype)).astype(BF16)
+  bf = (_unpack(b, b_dtype, k) * _sf_values(b_sf, n, k, sf_vec, scale_dtype)).astype(BF16)
+  out = lax.dot_general(af, bf, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+  if has_global:
+    out = (a_global.reshape(()) * b_global.reshape(())) * out
+  if has_bias:
+    out = out + bias.astype(jnp.float32).reshape(1, -1)
+  return out.astype(out_dtype)
+
+
+def _default_lowering(*args, path, **params):
+  fn = _dequant_lowering if path == "dequant" else _reference_lowering
+  return fn(*args, **params)
+
+
 def _abstract_eval(a, b, a_sf, b_sf, a_global, b_global, bias, *, m, n, out_dtype, **_):
   return ShapedArray((m, n), out_dtype)
 
 
 mx_gemm_p.def_abstract_eval(_abstract_eval)
-mlir.register_lowering(mx_gemm_p, mlir.lower_fun(_reference_lowering, multiple_results=False))
+mlir.register_lowering(mx_gemm_p, mlir.lower_fun(_default_lowering, multiple_results=False))
 
 
 # -- dispatch ----------------------------------------------------------------------------------
@@ -296,9 +339,46 @@ def select_config(arch: str, problem: MxProblem, sm_count: int, config: Optional
     return config
   if len(names) == 1:
     return names[0]
+  if arch == "sm_90a":
+    return select_sm90_config(problem.m, problem.n)
   one, two = names[0], names[1]
   tiles_2sm = -(-problem.m // 256) * -(-problem.n // 128)
   return two if problem.m > 128 and tiles_2sm >= max(1, sm_count // 2) else one
+
+
+#: Hopper MXFP8: from this M on, mx_gemm's automatic path is "dequant" (measured on the H200:
+#: the kernel runs ~370 TFLOP/s at large M, the exact bf16 route ~520-600 TFLOP/s from 8192^3 /
+#: 4096x7168x16384 down to about this M, where its dequantization pass stops paying off).
+SM90_DEQUANT_MIN_M = 512
+#: mx_gemm's ``path`` choices (None: automatic).
+PATHS = ("kernel", "dequant")
+
+
+def resolve_path(arch: Optional[str], problem: MxProblem, path: Optional[str]) -> str:
+  """"kernel" or "dequant" for ``problem`` on ``arch`` ("sm_90a", "sm_100a", ...; None: no
+  CUDA device). ``path`` None is automatic: "dequant" on Hopper from SM90_DEQUANT_MIN_M rows
+  for the pairs that have a Hopper kernel (MXFP8 x MXFP8, e4m3), else "kernel" (which is the
+  reference off the GPU, and an error on a GPU without a kernel for the pair)."""
+  if path is not None:
+    if path not in PATHS:
+      raise ValueError(f"mx_gemm: path must be one of {PATHS} or None (automatic), got {path!r}")
+    return path
+  if arch == "sm_90a" and problem.m >= SM90_DEQUANT_MIN_M and kernel_configs(arch, problem):
+    return "dequant"
+  return "kernel"
+
+
+def select_sm90_config(m: int, n: int) -> str:
+  """The Hopper MXFP8 config for M tokens and N output columns (measured on the H200, kernel
+  alone, K = 8192: the swap configs' promotion work grows with their token tile and their CTA
+  count with N / 128; the 128 x 128 tile wins from M = 128)."""
+  if m <= 16:
+    return "sm90_mxf8_blockscaled_swap_128x16"
+  if m <= 32 or (m <= 64 and n <= 16384):
+    return "sm90_mxf8_blockscaled_swap_128x32"
+  if m <= 64:
+    return "sm90_mxf8_blockscaled_swap_128x64"
+  return "sm90_mxf8_blockscaled_128x128"
 
 
 def unavailable_reason(problem: MxProblem, cc: Optional[str], device_kind: str = "") -> Optional[tuple]:
@@ -313,12 +393,13 @@ def unavailable_reason(problem: MxProblem, cc: Optional[str], device_kind: str =
   arch = arch_for_cc(cc)
   if arch is None:
     return None, (f"no {pair} kernel for {dev}: block-scaled MX/NVFP4 kernels exist for sm_100a "
-                  "(compute capability 10.0) and sm_120a (12.0) only")
-  if arch == "sm_90a":
+                  "(compute capability 10.0) and sm_120a (12.0), and MXFP8 x MXFP8 for sm_90a (9.0)")
+  if arch == "sm_90a" and not KERNELS["sm_90a"].get(problem.pair):
     return arch, (f"no {pair} kernel for sm_90a ({dev}): Hopper has no MX/NVFP4 block-scaled "
-                  "tensor-core instructions (its block-scaled kernels are the FP8 1x128/128x128 "
-                  "family, jax_gmma.blockwise_gemm; NVFP4/MXFP4 *weights* with bf16 activations "
-                  "run on Hopper through jax_gmma.weightonly.prepare(w, fmt) and dot)")
+                  "tensor-core instructions; its MX kernel is jax-gmma's own MXFP8 x MXFP8 "
+                  "(float8_e4m3fn elements), the other block-scaled ones the FP8 1x128/128x128 "
+                  "family (jax_gmma.blockwise_gemm); NVFP4/MXFP4/MXFP6 *weights* with bf16 "
+                  "activations run on Hopper through jax_gmma.weightonly.prepare(w, fmt) and dot")
   if arch not in _backend.built_archs():
     return arch, (f"this build of jax_gmma has no {arch} kernels (built archs: "
                   f"{', '.join(_backend.built_archs()) or 'none'}); rebuild with "
@@ -353,9 +434,12 @@ def plan(problem: MxProblem, arch: str, sm_count: int, config: Optional[str] = N
   return name, ws
 
 
-def _cuda_lowering(ctx, *args, problem, config, **params):
+def _cuda_lowering(ctx, *args, problem, config, path, **params):
   devs = _backend.cuda_devices()
   dev = devs[0] if devs else None
+  cc = _backend.device_cc(dev) if dev is not None else None
+  if resolve_path(arch_for_cc(cc), problem, path) == "dequant":
+    return mlir.lower_fun(_dequant_lowering, multiple_results=False)(ctx, *args, **params)
   why = unavailable_reason(problem, _backend.device_cc(dev) if dev is not None else None,
                            getattr(dev, "device_kind", "")) if dev is not None else (None, "no CUDA device")
   if why is not None:
@@ -383,7 +467,7 @@ mlir.register_lowering(mx_gemm_p, _cuda_lowering, platform="cuda")
 # -- public API --------------------------------------------------------------------------------
 
 def mx_gemm(a_q: QuantizedArray, b_q: QuantizedArray, *, bias=None, out_dtype=jnp.bfloat16,
-            config: Optional[str] = None):
+            config: Optional[str] = None, path: Optional[str] = None):
   """Block-scaled GEMM of two quantized operands: ``dequantize(a_q) @ dequantize(b_q).T``
   (+ bias), computed from the quantized elements and scales (float32 accumulation).
 
@@ -395,11 +479,17 @@ def mx_gemm(a_q: QuantizedArray, b_q: QuantizedArray, *, bias=None, out_dtype=jn
     bias: optional (N,), added in float32 before the output rounding (cast to out_dtype first).
     out_dtype: bfloat16, float32, or float16 (the float32 kernel, then one rounding).
     config: force a kernel config (see ``KERNELS``).
+    path: ``"kernel"``, ``"dequant"`` (exact bf16 operands + XLA's bf16 GEMM, see the module
+      docstring) or None: automatic (Hopper: "dequant" from ``SM90_DEQUANT_MIN_M`` rows).
 
   Kernels: sm_100a (compute capability 10.0) and sm_120a (12.0), for the pairs in ``KERNELS``;
   elsewhere the pure-JAX reference (on a CUDA GPU only when allowed, see
-  ``jax_gmma.allow_reference``). The Blackwell kernels have not been run on hardware.
+  ``jax_gmma.allow_reference``). The Blackwell kernels have not been run on hardware; on Hopper
+  (sm_90a) MXFP8 x MXFP8 with float8_e4m3fn elements runs jax-gmma's own kernel (see the module
+  docstring for how the scales are applied).
   """
+  if path is not None and path not in PATHS:
+    raise ValueError(f"mx_gemm: path must be one of {PATHS} or None (automatic), got {path!r}")
   bias_arr = None if bias is None else jnp.asarray(bias)
   problem = mx_problem(a_q, b_q, out_dtype=out_dtype,
                        bias_shape=None if bias_arr is None else bias_arr.shape,
@@ -420,7 +510,8 @@ def mx_gemm(a_q: QuantizedArray, b_q: QuantizedArray, *, bias=None, out_dtype=jn
   out = mx_gemm_p.bind(a, b, sf_bytes(a_q), sf_bytes(b_q), ga, gb, bias_in, m=problem.m, n=problem.n,
                        k=problem.k, a_dtype=problem.a_dtype, b_dtype=problem.b_dtype,
                        sf_vec=problem.sf_vec, out_dtype=kernel_out, has_bias=problem.has_bias,
-                       has_global=problem.has_global, problem=problem, config=config)
+                       has_global=problem.has_global, problem=problem, config=config,
+                       path=path)
   if kernel_out != out_dtype:
     out = out.astype(out_dtype)
   return out.reshape(*problem.batch_shape, -1, problem.n) if problem.batch_shape else out
@@ -454,7 +545,8 @@ def paths_for_device(cc: Optional[str]) -> dict:
       continue
     why = unavailable_reason(prob, cc)
     if why is None:
-      out[(fa, fb)] = f"CUDA kernel ({arch_for_cc(cc)}, NOT validated on hardware); {kinds}"
+      checked = "tested on an H200" if arch_for_cc(cc) == "sm_90a" else "NOT validated on hardware"
+      out[(fa, fb)] = f"CUDA kernel ({arch_for_cc(cc)}, {checked}); {kinds}"
     elif _backend.reference_allowed():
       out[(fa, fb)] = f"pure-JAX reference (opted in; {why[1]})"
     else:

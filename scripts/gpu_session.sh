@@ -11,7 +11,7 @@
 #   decode   SASS check, CUDA-graph test, decode chains (+ DECODE_CONFIGS rows), host cost
 #   sweep    benchmarks/sweep.py: decode + large suites (SWEEP_*_ARGS add options), host cost
 #   steps    tests, sass, sweep_decode, sweep_large, large (+ LARGE_ARGS), decode, host, bw_large, bw_decode,
-#            bw_quant (block-scaled benchmark suites), wo_smoke, wo_decode, wo_prefill, wo_all (FP4
+#            bw_quant (block-scaled benchmark suites, BW_ARGS add options), wo_smoke, wo_decode, wo_prefill, wo_all (FP4
 #            weight-only suites), minilm, llama (examples); MODE may list several
 #            separated by commas (e.g. tests,sweep_decode)
 # Logs and results go to $OUT (at most 8 files come back from the device machine).
@@ -76,7 +76,7 @@ step() {
       timeout ${T_WO:-300} python3 -P benchmarks/bench_weightonly.py --suite "${1#wo_}" --out "$OUT/$1" ${WO_ARGS:-} ;;
     bw_large|bw_decode|bw_quant)  # benchmarks/bench_blockwise.py suites
       mkdir -p "$OUT/$1"
-      timeout ${T_BW:-240} python3 -P benchmarks/bench_blockwise.py --suite "${1#bw_}" --out "$OUT/$1" ;;
+      timeout ${T_BW:-240} python3 -P benchmarks/bench_blockwise.py --suite "${1#bw_}" --out "$OUT/$1" ${BW_ARGS:-} ;;
     # composite modes
     sweep) step sweep_decode; step sweep_large; step host ;;
     measure) step sass; TESTS="${TESTS:-tests/test_gpu_fp8.py -k 'every_config or command_buffers or batch_dims or nan_inf or dot_on_gpu or no_silent'}" step tests

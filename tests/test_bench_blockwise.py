@@ -37,9 +37,10 @@ def test_smoke_suite_on_cpu(tmp_path):
   assert not (out / "bench_blockwise.png").exists()
   rows = data["rows"]
   gemm = {r["impl"] for r in rows if r["kind"] == "gemm"}
-  assert gemm == {"ours_1d2d", "ours_pertensor", "xla_fp8", "jax_nn_scaled_matmul_mxfp8", "bf16"}
+  assert gemm == {"ours_1d2d", "ours_pertensor", "xla_fp8", "ours_mxfp8", "ours_mxfp8[kernel]",
+                  "jax_nn_scaled_matmul_mxfp8", "bf16"}
   decode = {r["impl"] for r in rows if r["kind"] == "decode"}
-  assert decode == {"ours_1d2d", "ours_pertensor", "xla_fp8", "jax_nn_scaled_matmul_mxfp8"}
+  assert decode == {"ours_1d2d", "ours_pertensor", "xla_fp8", "ours_mxfp8", "jax_nn_scaled_matmul_mxfp8"}
   quant = {r["impl"] for r in rows if r["kind"] == "quant"}
   assert quant == {"quantize_1x128", "quantize_fp8_channel", "ours_1d2d_gemm",
                    "quantize_1x128+ours_1d2d"}
@@ -50,7 +51,9 @@ def test_smoke_suite_on_cpu(tmp_path):
   for r in rows:
     if r["impl"] == "ours_1d2d":
       assert r["path"] == "reference" and r["config"] and set(r["speedup_vs"]) >= {
-          "ours_pertensor", "jax_nn_scaled_matmul_mxfp8"}
+          "ours_pertensor", "jax_nn_scaled_matmul_mxfp8", "ours_mxfp8"}
+    if r["impl"].startswith("ours_mxfp8"):
+      assert r["path"] == "reference" and r["config"].startswith("sm90_mxf8_")
   assert data["meta"]["backend"] == "cpu"
   assert not data["bars"]  # smoke rows are not held to the bars
 

@@ -221,16 +221,32 @@ def test_scaled_matmul_block128(scale_dtype, bsz):
   assert relerr(out, np.asarray(jref, np.float64)) < 1e-5
 
 
+def test_scaled_matmul_mxfp8_goes_to_mx_gemm():
+  """Block 32 + E8M0 scales (MXFP8) runs jax_gmma.mx_gemm (its reference lowering on CPU; the
+  Hopper kernel on an H200: tests/test_gpu_mx_sm90.py), one GEMM per batch entry."""
+  rng = np.random.default_rng(8)
+  a, b = rand_fp8(rng, (2, 5, 96)), rand_fp8(rng, (2, 8, 96))
+  sa = (2.0 ** rng.integers(-3, 4, (2, 5, 3))).astype(ml_dtypes.float8_e8m0fnu)
+  sb = (2.0 ** rng.integers(-3, 4, (2, 8, 3))).astype(ml_dtypes.float8_e8m0fnu)
+  out = jax.jit(jax_gmma.scaled_matmul)(a, b, sa, sb)
+  assert out.shape == (2, 5, 8) and out.dtype == jnp.float32
+  assert relerr(out, docs_scaled_matmul64(a, b, sa, sb)) < 1e-6
+  text = jax.jit(jax_gmma.scaled_matmul).lower(a, b, sa, sb).as_text()
+  assert text.count("jax_gmma_mx_gemm") == 0  # CPU: the reference lowering (no custom call)
+
+
 def test_scaled_matmul_no_kernel_errors_and_opt_in():
   rng = np.random.default_rng(9)
   a, b = rand_fp8(rng, (1, 4, 64)), rand_fp8(rng, (1, 8, 64))
-  sa = np.ones((1, 4, 2), ml_dtypes.float8_e8m0fnu)  # MXFP8-like: block 32
-  sb = np.ones((1, 8, 2), ml_dtypes.float8_e8m0fnu)
-  with pytest.raises(ValueError, match=r"block size 32 .*no Hopper kernel.*Refusing to fall back"):
+  sa = np.ones((1, 4, 4), ml_dtypes.float8_e8m0fnu)  # block 16
+  sb = np.ones((1, 8, 4), ml_dtypes.float8_e8m0fnu)
+  with pytest.raises(ValueError, match=r"block size 16 .*no kernel behind scaled_matmul.*Refusing to fall back"):
     jax_gmma.scaled_matmul(a, b, sa, sb)
   with jax_gmma.allow_reference():
     out = jax_gmma.scaled_matmul(a, b, sa, sb)
   assert relerr(out, docs_scaled_matmul64(a, b, sa, sb)) < 1e-6
+  with pytest.raises(ValueError, match=r"block size 32 takes float8_e8m0fnu scales"):
+    jax_gmma.scaled_matmul(a, b, np.ones((1, 4, 2), F32), np.ones((1, 8, 2), F32))
   a5 = rand_fp8(rng, (1, 4, 128)).astype(E5)
   with pytest.raises(ValueError, match=r"float8_e5m2 x float8_e4m3fn have no kernel"):
     jax_gmma.scaled_matmul(a5, rand_fp8(rng, (1, 8, 128)), np.ones((1, 4, 1), F32), np.ones((1, 8, 1), F32))

@@ -2,6 +2,7 @@
 reference path (from the kernels' packed / swizzled operand form) against float64 NumPy, the
 arch dispatch with a faked compute capability, and -- when the extension was built with
 100a/120a -- host-side can_implement / workspace. Runs on CPU."""
+import dataclasses
 import re
 
 import jax
@@ -155,10 +156,13 @@ def test_dispatch_arch_map(fake_build):
   assert mx.arch_for_cc("10.0") == "sm_100a" and mx.arch_for_cc("12.0") == "sm_120a"
   assert mx.unavailable_reason(p, "10.0") is None
   assert mx.unavailable_reason(p, "12.0") is None
-  arch, why = mx.unavailable_reason(p, "9.0", "NVIDIA H200")
-  assert arch == "sm_90a" and "Hopper has no MX/NVFP4 block-scaled" in why and "mxfp8 x mxfp8" in why
+  assert p.pair == ("mxfp8", "mxfp8")
+  assert mx.unavailable_reason(p, "9.0", "NVIDIA H200") is None  # jax-gmma's own Hopper kernel
+  p4 = dataclasses.replace(p, a_format="mxfp4", b_format="mxfp4")
+  arch, why = mx.unavailable_reason(p4, "9.0", "NVIDIA H200")
+  assert arch == "sm_90a" and "Hopper has no MX/NVFP4 block-scaled" in why and "mxfp4 x mxfp4" in why
   arch, why = mx.unavailable_reason(p, "10.3")
-  assert arch is None and "sm_100a (compute capability 10.0) and sm_120a (12.0) only" in why
+  assert arch is None and "sm_100a (compute capability 10.0) and sm_120a (12.0)" in why
   arch, why = mx.unavailable_reason(p, "8.9")
   assert "no mxfp8 x mxfp8 kernel for compute capability 8.9" in why
 
@@ -189,7 +193,8 @@ def test_refuse_message_and_opt_in(fake_build):
 
 
 def test_cuda_lowering_raises_on_hopper_and_opts_in(monkeypatch, fake_build):
-  """The CUDA lowering's decision with a faked H200 (compute capability 9.0)."""
+  """The CUDA lowering's decision with a faked H200 (compute capability 9.0) for a pair
+  without a Hopper kernel (MXFP4; MXFP8 x MXFP8 has one)."""
   fake_build(["sm_90a"])
 
   class Dev:
@@ -197,14 +202,19 @@ def test_cuda_lowering_raises_on_hopper_and_opts_in(monkeypatch, fake_build):
     device_kind = "NVIDIA H200"
     core_count = 132
   monkeypatch.setattr(_backend, "cuda_devices", lambda: [Dev()])
-  p = _problem()
-  with pytest.raises(jax_gmma.KernelUnavailable, match="format mxfp8 x mxfp8 on sm_90a"):
-    mx._cuda_lowering(None, problem=p, config=None)
+  p = _problem("mxfp4", "mxfp4")
+  with pytest.raises(jax_gmma.KernelUnavailable, match="format mxfp4 x mxfp4 on sm_90a"):
+    mx._cuda_lowering(None, problem=p, config=None, path=None)
   called = {}
   monkeypatch.setattr(mx.mlir, "lower_fun", lambda f, multiple_results: (lambda ctx, *a, **k: called.setdefault("ref", f)))
   with jax_gmma.allow_reference():
-    mx._cuda_lowering(None, problem=p, config=None)
+    mx._cuda_lowering(None, problem=p, config=None, path=None)
   assert called["ref"] is mx._reference_lowering
+  # MXFP8 from SM90_DEQUANT_MIN_M rows: the exact bf16 path; below: the kernel (not faked here).
+  called.clear()
+  big = _problem(m=mx.SM90_DEQUANT_MIN_M)
+  mx._cuda_lowering(None, problem=big, config=None, path=None)
+  assert called["ref"] is mx._dequant_lowering
 
 
 def test_select_config():
@@ -215,15 +225,26 @@ def test_select_config():
   assert mx.select_config("sm_120a", p, 84).startswith("sm120_")
   with pytest.raises(ValueError, match="is not a sm_120a kernel for mxfp8 x mxfp8"):
     mx.select_config("sm_120a", p, 84, config="sm100_mxfp8xmxfp8_128x128x128_1sm")
+  # Hopper MXFP8: decode (swap) configs by token count, the 128 x 128 tile from M = 65.
+  pick = lambda m, n: mx.select_config("sm_90a", _problem(m=m, n=n), 132)  # noqa: E731
+  assert pick(1, 28672) == pick(16, 8192) == "sm90_mxf8_blockscaled_swap_128x16"
+  assert pick(17, 28672) == pick(32, 28672) == pick(64, 8192) == "sm90_mxf8_blockscaled_swap_128x32"
+  assert pick(64, 28672) == "sm90_mxf8_blockscaled_swap_128x64"
+  assert pick(65, 8192) == pick(4096, 4096) == "sm90_mxf8_blockscaled_128x128"
+  assert mx.select_config("sm_90a", p, 132, config="sm90_mxf8_blockscaled_swap_128x64").endswith("x64")
+  e5 = _problem(m=16, a_dtype=jnp.float8_e5m2)
+  assert mx.kernel_configs("sm_90a", e5) == ()  # e4m3 elements only
 
 
 def test_kernel_names_match_the_cuda_sources():
   import pathlib
   root = pathlib.Path(__file__).resolve().parents[1] / "cpp"
   src = {"sm_100a": (root / "sm100_mx_gemm_blockscaled.cuh").read_text(),
-         "sm_120a": (root / "sm120_mx_gemm_blockscaled.cuh").read_text()}
+         "sm_120a": (root / "sm120_mx_gemm_blockscaled.cuh").read_text(),
+         "sm_90a": (root / "sm90_mxf8_gemm_blockscaled.cu").read_text()}
   for arch, pairs in mx.KERNELS.items():
-    names = set(re.findall(r'"(sm1[02]0_[a-z0-9_]+)"', src[arch]))
+    pat = r'"(sm90_mxf8_[a-z0-9_]+)"' if arch == "sm_90a" else r'"(sm1[02]0_[a-z0-9_]+)"'
+    names = set(re.findall(pat, src[arch]))
     listed = {n for ns in pairs.values() for n in ns}
     assert listed == names, (arch, listed ^ names)
 
@@ -263,3 +284,29 @@ def test_host_can_implement_and_workspace(arch):
   err, _ = e.check_blockscaled("blockwise_1d2d_128x128x128_c1x1_coop", "float8_e4m3fn", "float8_e4m3fn",
                                "bfloat16", 128, 128, 128, 32, 132, False, False)
   assert "not a Blackwell block-scaled kernel" in err
+
+
+def test_path_rule_and_dequant_path():
+  """mx_gemm's path: automatic "dequant" on Hopper from SM90_DEQUANT_MIN_M rows (MXFP8 only);
+  path="dequant" (exact bf16 operands, float32 accumulation) anywhere, checked against float64."""
+  big, small = _problem(m=mx.SM90_DEQUANT_MIN_M), _problem(m=mx.SM90_DEQUANT_MIN_M - 1)
+  assert mx.resolve_path("sm_90a", big, None) == "dequant"
+  assert mx.resolve_path("sm_90a", small, None) == "kernel"
+  assert mx.resolve_path("sm_100a", big, None) == "kernel"
+  assert mx.resolve_path("sm_90a", dataclasses.replace(big, a_format="mxfp4", b_format="mxfp4"), None) == "kernel"
+  assert mx.resolve_path(None, big, "dequant") == "dequant"
+  with pytest.raises(ValueError, match="path must be one of"):
+    mx.resolve_path("sm_90a", big, "fast")
+  rng = np.random.default_rng(3)
+  for fmt in ("mxfp8", "nvfp4", "mxfp6_e2m3"):
+    x = rng.normal(size=(5, 256)) * 2.0 ** rng.integers(-6, 6, (5, 8, 1)).repeat(32, 1).reshape(5, 256)
+    w = rng.normal(size=(16, 256))
+    a_q = jax_gmma.quantize(jnp.asarray(x, jnp.float32), fmt, layout="sm100_128x4")
+    b_q = jax_gmma.quantize(jnp.asarray(w, jnp.float32), fmt, layout="sm100_128x4")
+    bias = rng.normal(size=(16,)).astype(np.float32)
+    out = jax.jit(lambda a, b, c: jax_gmma.mx_gemm(a, b, bias=c, out_dtype=jnp.float32, path="dequant"))(
+        a_q, b_q, bias)
+    ref = mx.reference_float64(a_q, b_q, bias)
+    assert np.linalg.norm(np.asarray(out, np.float64) - ref) / np.linalg.norm(ref) < 1e-5, fmt
+  with pytest.raises(ValueError, match="path must be one of"):
+    jax_gmma.mx_gemm(a_q, b_q, path="bf16")

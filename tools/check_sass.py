@@ -105,7 +105,8 @@ def main():
   bw_bad = check_blackwell(bw)
   sass = "".join(chunk for arch, chunk in split_by_arch(sass) if arch not in BLACKWELL_MMA)
   funcs = re.split(r"\n\s*Function : ", sass)[1:]
-  kernels = [f for f in funcs if "GemmUniversal" in f.split("\n", 1)[0]]
+  # CUTLASS kernels (GemmUniversal) and jax-gmma's own wgmma mainloop (Hopper MXFP8).
+  kernels = [f for f in funcs if any(k in f.split("\n", 1)[0] for k in ("GemmUniversal", "mxf8_gemm_kernel"))]
   bad = list(bw_bad)
   if bw:
     counts = ", ".join(f"{a}: {sum(1 for k in bw if k[0] == a)}" for a in sorted({k[0] for k in bw}))
@@ -123,7 +124,9 @@ def main():
       bad.append(f"{name}: {spills} local-memory stores (register spills)")
   # Block-scaled family (sm90 FP8 blockwise-scaling mainloop), counted apart.
   n_block = sum("BlockwiseFP8" in f.split("\n", 1)[0] for f in kernels)
-  print(f"check_sass: {len(kernels)} GEMM kernels ({n_block} block-scaled), all QGMMA + UTMALDG"
+  n_mx = sum("mxf8_gemm_kernel" in f.split("\n", 1)[0] for f in kernels)
+  print(f"check_sass: {len(kernels)} GEMM kernels ({n_block} block-scaled 1x128, {n_mx} MXFP8), "
+        "all QGMMA + UTMALDG"
         if not bad else "\n".join(bad))
   return 1 if bad or not kernels else 0
 
