@@ -19,6 +19,7 @@
 
 #if defined(JAX_GMMA_WITH_CUDA)
 #include "jax_gmma/gemm_api.h"
+#include "jax_gmma/weightonly_api.h"
 extern "C" void* jax_gmma_fp8_gemm_handler();
 extern "C" void* jax_gmma_fp8_blockwise_gemm_handler();
 extern "C" void* jax_gmma_mx_gemm_handler();
@@ -215,6 +216,19 @@ NB_MODULE(_gmma_ext, m) {
       nb::arg("k"), nb::arg("sf_vec"), nb::arg("sm_count"), nb::arg("has_bias"),
       nb::arg("has_global"));
 
+  // The weight-only kernels' CTA-shape rule (weightonly_pick): (rows, tokens, k_warps) for M, N,
+  // the padded K and the format code (jax_gmma.weightonly._SCALE_KIND); its Python mirror
+  // weightonly.pick_cta is tested against it.
+  m.def("weightonly_pick", [](int64_t mm, int64_t n, int64_t k, int scale) -> nb::tuple {
+#if defined(JAX_GMMA_WITH_CUDA)
+    if (scale < 0 || scale > 3) throw nb::value_error("jax_gmma: weight format code must be 0..3");
+    const jax_gmma::WoCta c = jax_gmma::weightonly_pick(mm, n, k, static_cast<jax_gmma::WoScale>(scale));
+    return nb::make_tuple(c.rows, c.tokens, c.k_warps);
+#else
+    (void)mm; (void)n; (void)k; (void)scale;
+    throw nb::value_error("jax_gmma was built without CUDA kernels");
+#endif
+  }, nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("scale"));
   m.def("prepare", [](int device) -> std::optional<std::string> {
 #if defined(JAX_GMMA_WITH_CUDA)
     if (const char* msg = jax_gmma::prepare_device(device)) return std::string(msg);

@@ -20,7 +20,8 @@ DOT_ACTIVATION_FORMATS = ("fp8_channel", "fp8_tensor")
 DOT_BLOCKWISE_WEIGHT_FORMATS = ("fp8_128x128", "fp8_1x128")
 #: MX / NVFP4 weight formats: `dot` quantizes the activation to the matching format (or to
 #: x_format="mxfp8" for MX weights, e.g. MXFP8 activations x MXFP4 weights) with the swizzled
-#: scale layout and runs jax_gmma.mx.mx_gemm (Blackwell kernels; reference elsewhere).
+#: scale layout and runs jax_gmma.mx.mx_gemm (Blackwell kernels; MXFP8 x MXFP8 also on Hopper;
+#: reference elsewhere).
 DOT_MX_WEIGHT_FORMATS = ("mxfp8", "mxfp6_e2m3", "mxfp6_e3m2", "mxfp4", "nvfp4")
 
 

@@ -88,7 +88,7 @@ def info_text() -> str:
   lines.append(f"  FP4/FP6 weight-only nvfp4 / mxfp4 / mxfp6 x bf16 (weightonly_gemm, dot on PackedWeight): "
                f"{weightonly_path(devs)}")
   lines.append(f"  activation quantize fp8_1x128 / mxfp8, e4m3 (quantize): {quantize_path(devs)}")
-  # Blackwell block-scaled MX / NVFP4 GEMMs (mx_gemm, dot on MX/NVFP4 weights), per format pair.
+  # Block-scaled MX / NVFP4 GEMMs (mx_gemm, dot on MX/NVFP4 weights; MXFP8 also on Hopper), per pair.
   from . import mx  # noqa: PLC0415
   cc = _backend.device_cc(devs[0]) if devs else None
   for (fa, fb), p in mx.paths_for_device(cc).items():

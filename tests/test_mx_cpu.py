@@ -267,10 +267,10 @@ def _ext_with(arch):
   return e
 
 
-@pytest.mark.parametrize("arch", ["sm_100a", "sm_120a"])
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a", "sm_120a"])
 def test_host_can_implement_and_workspace(arch):
   e = _ext_with(arch)
-  names = {k["config"]: k for k in e.kernels() if k.get("arch") == int(arch[3:6])}
+  names = {k["config"]: k for k in e.kernels() if k.get("arch") == int(arch[3:-1])}
   for pair, configs in mx.KERNELS[arch].items():
     for cfg in configs:
       assert cfg in names, cfg
@@ -283,7 +283,7 @@ def test_host_can_implement_and_workspace(arch):
       assert err is not None, cfg  # K not a multiple of the alignment
   err, _ = e.check_blockscaled("blockwise_1d2d_128x128x128_c1x1_coop", "float8_e4m3fn", "float8_e4m3fn",
                                "bfloat16", 128, 128, 128, 32, 132, False, False)
-  assert "not a Blackwell block-scaled kernel" in err
+  assert "not an MX / NVFP4 block-scaled kernel" in err
 
 
 def test_path_rule_and_dequant_path():

@@ -379,6 +379,23 @@ def test_pick_cta():
   assert wo.resolve_cta(1, 28672, 8192, "nvfp4", k_warps=16) == (16, 8, 16)
 
 
+def test_pick_cta_matches_the_cpp_rule():
+  """weightonly.pick_cta (Python, used for trace-time checks and reports) against the kernel's
+  own weightonly_pick (C++, what runs), through the built extension: every format, a grid of
+  M, N and (padded) K around the rule's thresholds."""
+  from jax_gmma import _backend
+  e = _backend.ext()
+  if e is None or not e.cuda_built() or not hasattr(e, "weightonly_pick"):
+    pytest.skip("jax_gmma extension not built with CUDA kernels (source tree / no nvcc)")
+  strips = (1, 3, 255, 256, 257, 383, 384, 511, 512, 513, 1023, 1024, 1025, 1792)
+  for fmt in wo.FORMATS:
+    for m in (1, 2, 8, 9, 15, 16, 17, 33, 64, 127):
+      for n in [16 * s for s in strips]:
+        for k in (64, 8192, 16320, 16384, 28672):
+          assert wo.pick_cta(m, n, k, fmt) == tuple(e.weightonly_pick(m, n, k, wo._SCALE_KIND[fmt])), (
+              fmt, m, n, k)
+
+
 def test_cta_shapes_match_the_kernel_table():
   import os
   import re
