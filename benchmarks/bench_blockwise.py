@@ -240,16 +240,9 @@ def ours_1d2d_gemm(a, b, sa, sb):
   return jax_gmma.blockwise_gemm(a, b, sa, sb, out_dtype=BF16)
 
 
-def mx_q(data, scales):
-  """A (rows, K) MXFP8 QuantizedArray from jax.nn.scaled_matmul's operand form (one batch
-  entry): same elements and scales, the scales swizzled to the kernel layout."""
-  return jax_gmma.QuantizedArray(data, jax_gmma.layouts.swizzle_scales(scales), format="mxfp8",
-                                 shape=data.shape, dtype=data.dtype, layout="sm100_128x4")
-
-
 @jax.jit
-def mx_operands(a, b, sa, sb):
-  return (mx_q(a[0], sa[0]), mx_q(b[0], sb[0]))
+def mx_operands(a, b, sa, sb):  # jax.nn.scaled_matmul's MXFP8 form -> mx_gemm's operands
+  return (jax_gmma.mx.mxfp8_operand(a[0], sa[0]), jax_gmma.mx.mxfp8_operand(b[0], sb[0]))
 
 
 def ours_mx_gemm(a_q, b_q):  # mx_gemm's automatic path (Hopper: exact bf16 route from M = 512)

@@ -231,14 +231,9 @@ def _scaled_matmul_reference(lhs, rhs, lhs_scales, rhs_scales, preferred_element
 
 def _mx_scaled_matmul(lhs, rhs, lhs_scales, rhs_scales, out_dtype):
   """MXFP8 scaled_matmul: mx_gemm per batch entry on swizzled copies of the scales."""
-  from . import layouts, mx  # no import cycle at module load
-  from .quantize import QuantizedArray
-
-  def q(x, s):
-    return QuantizedArray(x, layouts.swizzle_scales(s), format="mxfp8", shape=x.shape,
-                          dtype=shapes.F8E4M3, layout=layouts.SM100_128X4)
-  outs = [mx.mx_gemm(q(lhs[i], lhs_scales[i]), q(rhs[i], rhs_scales[i]), out_dtype=out_dtype)
-          for i in range(lhs.shape[0])]
+  from . import mx  # no import cycle at module load
+  outs = [mx.mx_gemm(mx.mxfp8_operand(lhs[i], lhs_scales[i]), mx.mxfp8_operand(rhs[i], rhs_scales[i]),
+                     out_dtype=out_dtype) for i in range(lhs.shape[0])]
   return jnp.stack(outs) if len(outs) > 1 else outs[0][None]
 
 

@@ -271,12 +271,14 @@ def _sf_values(sf, rows, k, vec, scale_dtype):
 
 # -- reference ---------------------------------------------------------------------------------
 
-def _reference_lowering(a, b, a_sf, b_sf, a_global, b_global, bias, *, m, n, k, a_dtype, b_dtype,
-                        sf_vec, out_dtype, has_bias, has_global, **_):
+def _dequantized_product(a, b, a_sf, b_sf, a_global, b_global, bias, *, m, n, k, a_dtype, b_dtype,
+                         sf_vec, out_dtype, has_bias, has_global, operands, precision, **_):
+  """Both operands dequantized (element x block scale) to ``operands`` dtype, multiplied with
+  float32 accumulation, then the NVFP4 global scales and the bias in float32, one rounding."""
   scale_dtype = E4M3 if sf_vec == 16 else _formats.E8M0
-  af = _unpack(a, a_dtype, k) * _sf_values(a_sf, m, k, sf_vec, scale_dtype)
-  bf = _unpack(b, b_dtype, k) * _sf_values(b_sf, n, k, sf_vec, scale_dtype)
-  out = lax.dot_general(af, bf, (((1,), (1,)), ((), ())), precision=lax.Precision.HIGHEST,
+  af = (_unpack(a, a_dtype, k) * _sf_values(a_sf, m, k, sf_vec, scale_dtype)).astype(operands)
+  bf = (_unpack(b, b_dtype, k) * _sf_values(b_sf, n, k, sf_vec, scale_dtype)).astype(operands)
+  out = lax.dot_general(af, bf, (((1,), (1,)), ((), ())), precision=precision,
                         preferred_element_type=jnp.float32)
   if has_global:
     out = (a_global.reshape(()) * b_global.reshape(())) * out
@@ -285,18 +287,14 @@ def _reference_lowering(a, b, a_sf, b_sf, a_global, b_global, bias, *, m, n, k, 
   return out.astype(out_dtype)
 
 
-def _dequant_lowering(a, b, a_sf, b_sf, a_global, b_global, bias, *, m, n, k, a_dtype, b_dtype,
-                      sf_vec, out_dtype, has_bias, has_global, **_):
+def _reference_lowering(*args, **params):
+  """The reference: float32 operands, a HIGHEST-precision float32 dot."""
+  return _dequantized_product(*args, **params, operands=jnp.float32, precision=lax.Precision.HIGHEST)
+
+
+def _dequant_lowering(*args, **params):
   """Path "dequant": exact bfloat16 operands, XLA's bf16 GEMM with float32 accumulation."""
-  scale_dtype = E4M3 if sf_vec == 16 else _formats.E8M0
-  af = (_unpack(a, a_dtype, k) * _sf_values(a_sf, m, k, sf_vec, scale_dtype)).astype(BF16)
-  bf = (_unpack(b, b_dtype, k) * _sf_values(b_sf, n, k, sf_vec, scale_dtype)).astype(BF16)
-  out = lax.dot_general(af, bf, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-  if has_global:
-    out = (a_global.reshape(()) * b_global.reshape(())) * out
-  if has_bias:
-    out = out + bias.astype(jnp.float32).reshape(1, -1)
-  return out.astype(out_dtype)
+  return _dequantized_product(*args, **params, operands=BF16, precision=None)
 
 
 def _default_lowering(*args, path, **params):
@@ -515,6 +513,14 @@ def mx_gemm(a_q: QuantizedArray, b_q: QuantizedArray, *, bias=None, out_dtype=jn
   if kernel_out != out_dtype:
     out = out.astype(out_dtype)
   return out.reshape(*problem.batch_shape, -1, problem.n) if problem.batch_shape else out
+
+
+def mxfp8_operand(data, scales) -> QuantizedArray:
+  """A (rows, K) MXFP8 operand for :func:`mx_gemm` from ``jax.nn.scaled_matmul``'s form of one
+  batch entry: float8_e4m3fn elements (rows, K) and float8_e8m0fnu scales (rows, K / 32),
+  unchanged; the scales swizzled to the kernels' ``sm100_128x4`` layout (traceable)."""
+  return QuantizedArray(data, _layouts.swizzle_scales(scales), format="mxfp8", shape=data.shape,
+                        dtype=data.dtype, layout=SCALE_LAYOUT)
 
 
 def reference_float64(a_q: QuantizedArray, b_q: QuantizedArray, bias=None) -> np.ndarray:

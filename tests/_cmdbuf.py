@@ -33,3 +33,29 @@ def command_buffer_runs(args, cwd=None):
 def child_script(name):
   """Path of a child script next to the tests."""
   return os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
+
+
+def check_bit_identical_and_captured(script, names=("chain", "small"), min_calls=32):
+  """Runs child ``script`` (a file next to the tests that prints :func:`report`'s line) under
+  the three MODES and checks: every result in ``names`` is bit-identical to command buffers off,
+  and capture was real, not assumed (no capture with command buffers off; at least
+  ``min_calls`` / ``min_calls + 1`` handler executions under capture by default / forced)."""
+  runs = command_buffer_runs([child_script(script)])
+  off, default, forced = runs["off"], runs["default"], runs["forced"]
+  for name in names:
+    assert default[name] == off[name], f"{name}: default command buffers differ from off"
+    assert forced[name] == off[name], f"{name}: forced command buffers differ from off"
+  assert off["captured"] == 0 and off["eager"] > 0
+  assert default["captured"] >= min_calls, default
+  assert forced["captured"] >= min_calls + 1, forced
+
+
+def report(outs):
+  """Child side: prints one JSON line, the sha256 of each named result array and the
+  extension's counts of handler executions under stream capture and eager."""
+  import hashlib
+  from jax_gmma import _backend
+  captured, eager = _backend.ext().capture_stats()
+  res = {name: hashlib.sha256(v.tobytes()).hexdigest() for name, v in outs.items()}
+  res.update(captured=captured, eager=eager)
+  print(json.dumps(res))

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import jax_gmma
-from _cmdbuf import child_script, command_buffer_runs  # noqa: E402 (tests/ helper)
+from _cmdbuf import check_bit_identical_and_captured  # noqa: E402 (tests/ helper)
 from jax_gmma import _backend, mx
 
 pytestmark = pytest.mark.gpu
@@ -119,11 +119,8 @@ def test_tiny_scale_and_nan_scale():
   sa[2, 3] = 0    # 2^-127
   sb[5, 2] = 255  # NaN scale: column 5
   E8 = ml_dtypes.float8_e8m0fnu
-
-  def requant(q, s):
-    return jax_gmma.QuantizedArray(q.data, jax_gmma.layouts.swizzle_scales(jnp.asarray(s.view(E8))),
-                                   format="mxfp8", shape=q.shape, dtype=q.dtype, layout="sm100_128x4")
-  a2, b2 = requant(a_q, sa), requant(b_q, sb)
+  a2 = mx.mxfp8_operand(a_q.data, jnp.asarray(sa.view(E8)))
+  b2 = mx.mxfp8_operand(b_q.data, jnp.asarray(sb.view(E8)))
   out = np.asarray(jax.jit(lambda a, b: jax_gmma.mx_gemm(a, b, out_dtype=jnp.float32))(a2, b2), np.float64)
   with np.errstate(all="ignore"):
     ref = ref64(a2, b2)
@@ -157,11 +154,4 @@ def test_other_mx_pairs_refuse_on_hopper():
 
 
 def test_command_buffers_bit_identical_and_captured():
-  runs = command_buffer_runs([child_script("cmdbuf_mx_sm90_child.py")])
-  off, default, forced = runs["off"], runs["default"], runs["forced"]
-  for name in ("chain", "small"):
-    assert default[name] == off[name], f"{name}: default command buffers differ from off"
-    assert forced[name] == off[name], f"{name}: forced command buffers differ from off"
-  assert off["captured"] == 0 and off["eager"] > 0
-  assert default["captured"] >= 32, default
-  assert forced["captured"] >= 33, forced
+  check_bit_identical_and_captured("cmdbuf_mx_sm90_child.py")
