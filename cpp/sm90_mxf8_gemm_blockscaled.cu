@@ -10,15 +10,16 @@
 // Hopper's tensor cores have no block-scaled MMA, and CUTLASS's sm90 blockwise-scaling
 // mainloop promotes at most once per 128 of K, so this is a mainloop of our own:
 //
-// * CTA tile 128 rows (two consumer warp groups of 64) x BQ (16, 32, 64 or 128), K step 128
-//   (four 32-K scale blocks), 5-6 stage TMA pipeline (mbarrier full / empty pairs). Warp
-//   group 0 is the producer (one thread issues two 2-D TMA loads, 128B-swizzled, and two
-//   512-byte bulk copies of the scale atoms per stage); warp groups 1 and 2 consume.
+// * CTA tile 128 rows (two consumer warp groups of 64) or 64 rows (one; twice the CTAs for
+//   decode shapes with few 128-row tiles) x BQ (16, 32, 64 or 128), K step 128 (four 32-K
+//   scale blocks), 5-8 stage TMA pipeline (mbarrier full / empty pairs). Warp group 0 is the
+//   producer (one thread issues two 2-D TMA loads, 128B-swizzled, and two 512-byte bulk
+//   copies of the scale atoms per stage); the other warp groups consume.
 // * Per 32-K block, one wgmma m64nBQk32 (e4m3 x e4m3 -> f32) into a *fresh* register tile
 //   (scale-d = 0), then the promotion acc += (sa[row] * sb[col]) * tile in float32: every
 //   scale is applied exactly (a power of two times the block's sum), one rounding per block.
-//   Two fresh tiles alternate: once block kb's wgmma is done (wait_group 0), block kb + 1's is
-//   issued, then block kb is promoted while the tensor core works.
+//   BQ <= 64: a stage's four wgmmas are issued at once into four tiles, each block promoted
+//   as soon as its commit group is done. BQ = 128: two tiles alternate.
 // * Column scales are decoded once per stage and warp group into float32 in shared memory
 //   (E8M0 code c -> 2^(c - 127): code 0 is 2^-127, code 255 is NaN), laid out so a thread
 //   fetches up to 4 of its columns with one 16-byte load.
@@ -42,56 +43,63 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <type_traits>
 
 #include "jax_gmma/gemm_api.h"
 
 namespace jax_gmma::sm90_mxf8 {
 
-// The kernel computes a P x Q tile grid: P is the operand whose rows the two consumer warp
-// groups split (64 rows each, 128 per CTA; the wgmma M side), Q the operand whose rows are the
+// The kernel computes a P x Q tile grid: P is the operand whose rows the consumer warp
+// groups split (64 rows each, 128 or 64 per CTA; the wgmma M side), Q the operand whose rows are the
 // wgmma N side (kBQ = 16 .. 128 per CTA). Large M: P = A, Q = B (kBQ = 128). Decode ("swap"):
 // P = B (the weights stream through 64-row wgmma tiles), Q = A (kBQ = 16, 32 or 64 tokens),
 // so the promotion work scales with the tokens, not with 128.
 constexpr int kBK = 128;
-constexpr int kThreads = 384;
 constexpr int kGroupP = 8;
 constexpr int kAtomBytes = 512;  // one 128 x 4 scale atom
 
-template <int BQ>
+// kCons consumer warp groups of 64 P rows each: 2 (a 128-row P tile) or 1 (64 rows: twice the
+// CTAs, for decode shapes whose N / 128 tiles leave SMs idle).
+template <int BQ, int kCons>
 struct Cfg {
   static_assert(BQ == 16 || BQ == 32 || BQ == 64 || BQ == 128, "wgmma N tile");
-  static constexpr int kBP = 128;
-  static constexpr int kMinBlocks = BQ <= 32 ? 2 : 1;  // small tiles: two CTAs per SM
-  static constexpr int kStages = kMinBlocks == 2 ? 5 : 6;
-  static constexpr int kConsumerRegs = kMinBlocks == 2 ? 104 : 232;
-  static constexpr int kProducerRegs = kMinBlocks == 2 ? 24 : 40;
+  static_assert(kCons == 1 || kCons == 2, "consumer warp groups");
+  static constexpr int kBP = 64 * kCons;
+  static constexpr int kThreads = 128 * (1 + kCons);
+  // Small tiles: two CTAs per SM. Setmaxnreg moves registers inside the CTA's launch pool:
+  // kProducerRegs + kCons * kConsumerRegs <= (1 + kCons) * (65536 / (kThreads * kMinBlocks)).
+  static constexpr int kMinBlocks = (kCons == 1 || BQ <= 32) ? 2 : 1;
+  static constexpr int kStages = kCons == 1 ? 8 : (kMinBlocks == 2 ? 5 : 6);
+  static constexpr int kConsumerRegs = kCons == 1 ? (BQ == 64 ? 216 : 120) : (kMinBlocks == 2 ? 104 : 232);
+  static constexpr int kProducerRegs = kCons == 1 ? 40 : (kMinBlocks == 2 ? 24 : 40);
+  static_assert(kProducerRegs + kCons * kConsumerRegs <= (1 + kCons) * (65536 / (kThreads * kMinBlocks) / 8 * 8),
+                "setmaxnreg: the warp groups' registers exceed the CTA's launch allocation");
   static constexpr int kG = BQ >= 32 ? BQ / 32 : 1;  // decoded column scales per 32-row group
   static constexpr int kAcc = BQ / 2;                 // accumulators per thread
+  static constexpr bool kBatch = BQ <= 64;            // a stage's four wgmmas at once (see the kernel)
   static constexpr uint32_t kStageTx = (kBP + BQ) * kBK + 2 * kAtomBytes;
 };
 
-template <int BQ>
+template <int BQ, int kCons>
 struct SharedStorage {
-  using C = Cfg<BQ>;
+  using C = Cfg<BQ, kCons>;
   alignas(1024) uint8_t p[C::kStages][C::kBP * kBK];
   alignas(1024) uint8_t q[C::kStages][BQ * kBK];
   uint32_t sfp[C::kStages][128];
   uint32_t sfq[C::kStages][128];
-  float colf[2][2][4 * BQ];  // [consumer][buffer][kb][q % 32][q / 32]
+  float colf[kCons][2][4 * BQ];  // [consumer][buffer][kb][q % 32][q / 32]
   uint64_t full[C::kStages];
   uint64_t empty[C::kStages];
 };
-template <int BQ>
-constexpr int smem_bytes() { return static_cast<int>(sizeof(SharedStorage<BQ>)) + 1024; }  // + alignment slack
+template <int BQ, int kCons>
+constexpr int smem_bytes() { return static_cast<int>(sizeof(SharedStorage<BQ, kCons>)) + 1024; }  // + alignment slack
 
 struct Params {
   const uint8_t* p_sf;  // scale atoms of P / Q (swizzled 128x4 layout)
   const uint8_t* q_sf;
   void* d;
   const void* bias;
-  int m, n, k;          // the user problem: D (M, N)
+  int n;                // columns of D (M, N)
   int rows_p, rows_q;   // rows of P and Q
   int k_tiles, tiles_p, tiles_q;
 };
@@ -182,6 +190,16 @@ __device__ __forceinline__ void wgmma_fresh(uint64_t da, uint64_t db, float (&d)
 #undef JG_D32
 #undef JG_D8
 #undef JG_D4
+
+// Waits until block kb's commit group (of the four a stage issues) is complete.
+__device__ __forceinline__ void wait_groups_after(int kb) {
+  switch (kb) {
+    case 0: cute::warpgroup_wait<3>(); break;
+    case 1: cute::warpgroup_wait<2>(); break;
+    case 2: cute::warpgroup_wait<1>(); break;
+    default: cute::warpgroup_wait<0>(); break;
+  }
+}
 
 template <int N>
 __device__ __forceinline__ void fence_tile(float (&d)[N]) {
@@ -280,14 +298,14 @@ __device__ __forceinline__ void store_tile(const Params& p, const float (&acc)[B
   }
 }
 
-template <class OutT, bool kBias, bool kSwap, int BQ>
-__global__ void __launch_bounds__(kThreads, Cfg<BQ>::kMinBlocks)
+template <class OutT, bool kBias, bool kSwap, int BQ, int kCons>
+__global__ void __launch_bounds__(Cfg<BQ, kCons>::kThreads, Cfg<BQ, kCons>::kMinBlocks)
     mxf8_gemm_kernel(const __grid_constant__ CUtensorMap tma_p, const __grid_constant__ CUtensorMap tma_q,
                      const Params p) {
-  using C = Cfg<BQ>;
+  using C = Cfg<BQ, kCons>;
   constexpr int kBP = C::kBP;
   extern __shared__ uint8_t smem_raw[];
-  SharedStorage<BQ>& s = *reinterpret_cast<SharedStorage<BQ>*>(
+  SharedStorage<BQ, kCons>& s = *reinterpret_cast<SharedStorage<BQ, kCons>*>(
       smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023));
   const int wg = threadIdx.x / 128;
   const int num_tiles = p.tiles_p * p.tiles_q;
@@ -295,7 +313,7 @@ __global__ void __launch_bounds__(kThreads, Cfg<BQ>::kMinBlocks)
   if (threadIdx.x == 0) {
     for (int i = 0; i < C::kStages; ++i) {
       mbar_init(&s.full[i], 1);
-      mbar_init(&s.empty[i], 8);  // one arrival per consumer warp
+      mbar_init(&s.empty[i], 4 * kCons);  // one arrival per consumer warp
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -332,7 +350,7 @@ __global__ void __launch_bounds__(kThreads, Cfg<BQ>::kMinBlocks)
   }
 
   cutlass::arch::warpgroup_reg_alloc<C::kConsumerRegs>();
-  // Consumer 0 / 1: P rows 64 cw .. 64 cw + 63 of the tile.
+  // Consumer cw (0 .. kCons - 1): P rows 64 cw .. 64 cw + 63 of the tile.
   const int cw = wg - 1;
   const int tid = threadIdx.x % 128;
   const int warp = tid / 32, lane = tid % 32;
@@ -340,9 +358,21 @@ __global__ void __launch_bounds__(kThreads, Cfg<BQ>::kMinBlocks)
   const int r0 = 64 * cw + 16 * warp + gid;  // this thread's P rows r0, r0 + 8 (in the tile)
   float* colf_base = s.colf[cw][0];
 
+  // Each 32-K block is one wgmma into a fresh tile, then promoted into acc. BQ <= 64
+  // (C::kBatch): a stage's four wgmmas are issued at once into four tiles and block kb is
+  // promoted as soon as its commit group is done (wait_group 3 - kb): one wgmma latency per
+  // stage. BQ = 128 (four 64-float tiles would not fit in the registers): two tiles alternate;
+  // once block kb's wgmma is done, block kb + 1's is issued and block kb is promoted while the
+  // tensor core works. (Tried: issuing the next stage's wgmma into each tile as soon as it is
+  // promoted, so three stay in flight across stages -- ptxas then serializes every wgmma, C7514,
+  // and it ran 20-50% slower; moving this loop into helper functions cost the 128x128 config
+  // ~2%.)
   int stage = 0, buf = 0;
   uint32_t phase = 0;
-  float acc[C::kAcc], t0[C::kAcc], t1[C::kAcc];
+  float acc[C::kAcc];
+  float tb[C::kBatch ? 4 : 1][C::kAcc];
+  float(&t0)[C::kAcc] = tb[0];
+  float t1[C::kBatch ? 1 : C::kAcc];
   for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
     int pt, qt;
     tile_coords(tile, p, &pt, &qt);
@@ -367,27 +397,47 @@ __global__ void __launch_bounds__(kThreads, Cfg<BQ>::kMinBlocks)
       const uint32_t colf_s = smem_u32(colf);
       const uint64_t da = make_desc(s.p[stage] + cw * 64 * kBK);
       const uint64_t db = make_desc(s.q[stage]);
-      fence_tile(t0);
-      cute::warpgroup_arrive();
-      wgmma_fresh<BQ>(da, db, t0);
-      cute::warpgroup_commit_batch();
-      named_sync(1 + cw, 128);  // colf written by the warp group
+      if constexpr (C::kBatch) {
 #pragma unroll
-      for (int kb = 0; kb < 4; ++kb) {
-        float(&cur)[C::kAcc] = (kb & 1) ? t1 : t0;
-        float(&nxt)[C::kAcc] = (kb & 1) ? t0 : t1;
-        cute::warpgroup_wait<0>();
-        fence_tile(cur);
-        if (kb < 3) {  // the tensor core takes block kb + 1 while this block is promoted
-          fence_tile(nxt);
-          cute::warpgroup_arrive();
-          wgmma_fresh<BQ>(da + 2 * (kb + 1), db + 2 * (kb + 1), nxt);  // +32 bytes of K per block
+        for (int kb = 0; kb < 4; ++kb) fence_tile(tb[kb]);
+        cute::warpgroup_arrive();
+#pragma unroll
+        for (int kb = 0; kb < 4; ++kb) {
+          wgmma_fresh<BQ>(da + 2 * kb, db + 2 * kb, tb[kb]);  // +32 bytes of K per block
           cute::warpgroup_commit_batch();
-        } else if (lane == 0) {
-          mbar_arrive(&s.empty[stage]);  // operands no longer read
         }
-        promote<BQ>(acc, cur, e8m0_to_float((rp0 >> (8 * kb)) & 0xff), e8m0_to_float((rp1 >> (8 * kb)) & 0xff),
-                    colf_s + kb * BQ * 4, t);
+        named_sync(1 + cw, 128);  // colf written by the warp group
+#pragma unroll
+        for (int kb = 0; kb < 4; ++kb) {
+          wait_groups_after(kb);
+          fence_tile(tb[kb]);
+          if (kb == 3 && lane == 0) mbar_arrive(&s.empty[stage]);  // operands no longer read
+          promote<BQ>(acc, tb[kb], e8m0_to_float((rp0 >> (8 * kb)) & 0xff),
+                      e8m0_to_float((rp1 >> (8 * kb)) & 0xff), colf_s + kb * BQ * 4, t);
+        }
+      } else {
+        fence_tile(t0);
+        cute::warpgroup_arrive();
+        wgmma_fresh<BQ>(da, db, t0);
+        cute::warpgroup_commit_batch();
+        named_sync(1 + cw, 128);  // colf written by the warp group
+#pragma unroll
+        for (int kb = 0; kb < 4; ++kb) {
+          float(&cur)[C::kAcc] = (kb & 1) ? t1 : t0;
+          float(&nxt)[C::kAcc] = (kb & 1) ? t0 : t1;
+          cute::warpgroup_wait<0>();
+          fence_tile(cur);
+          if (kb < 3) {  // the tensor core takes block kb + 1 while this block is promoted
+            fence_tile(nxt);
+            cute::warpgroup_arrive();
+            wgmma_fresh<BQ>(da + 2 * (kb + 1), db + 2 * (kb + 1), nxt);  // +32 bytes of K per block
+            cute::warpgroup_commit_batch();
+          } else if (lane == 0) {
+            mbar_arrive(&s.empty[stage]);  // operands no longer read
+          }
+          promote<BQ>(acc, cur, e8m0_to_float((rp0 >> (8 * kb)) & 0xff),
+                      e8m0_to_float((rp1 >> (8 * kb)) & 0xff), colf_s + kb * BQ * 4, t);
+        }
       }
       if (++stage == C::kStages) {
         stage = 0;
@@ -449,19 +499,19 @@ bool aligned(const GemmArgs& g) {
 
 size_t workspace_size(const GemmArgs&) { return 0; }
 
-template <class OutT, bool kSwap, int BQ>
+template <class OutT, bool kSwap, int BQ, int kCons>
 cudaError_t prepare() {
-  for (auto fn : {mxf8_gemm_kernel<OutT, false, kSwap, BQ>, mxf8_gemm_kernel<OutT, true, kSwap, BQ>}) {
+  for (auto fn : {mxf8_gemm_kernel<OutT, false, kSwap, BQ, kCons>, mxf8_gemm_kernel<OutT, true, kSwap, BQ, kCons>}) {
     cudaError_t e =
-        cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<BQ>());
+        cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<BQ, kCons>());
     if (e != cudaSuccess) return e;
   }
   return cudaSuccess;
 }
 
-template <class OutT, bool kSwap, int BQ>
+template <class OutT, bool kSwap, int BQ, int kCons>
 cudaError_t run(const GemmArgs& g, cudaStream_t stream) {
-  using C = Cfg<BQ>;
+  using C = Cfg<BQ, kCons>;
   constexpr int kBP = C::kBP;
   if (!aligned(g)) return cudaErrorMisalignedAddress;
   Params p;
@@ -469,9 +519,7 @@ cudaError_t run(const GemmArgs& g, cudaStream_t stream) {
   p.q_sf = static_cast<const uint8_t*>(kSwap ? g.a_sf : g.b_sf);
   p.d = g.d;
   p.bias = g.bias;
-  p.m = static_cast<int>(g.m);
   p.n = static_cast<int>(g.n);
-  p.k = static_cast<int>(g.k);
   p.rows_p = static_cast<int>(kSwap ? g.n : g.m);
   p.rows_q = static_cast<int>(kSwap ? g.m : g.n);
   p.k_tiles = static_cast<int>((g.k + kBK - 1) / kBK);
@@ -484,38 +532,42 @@ cudaError_t run(const GemmArgs& g, cudaStream_t stream) {
   int sms = g.sm_count;
   if (sms <= 0 && cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, g.device) != cudaSuccess) sms = 132;
   const dim3 grid(std::min(tiles, sms * C::kMinBlocks));
-  constexpr int smem = smem_bytes<BQ>();
+  constexpr int smem = smem_bytes<BQ, kCons>();
   if (g.bias)
-    mxf8_gemm_kernel<OutT, true, kSwap, BQ><<<grid, kThreads, smem, stream>>>(mp, mq, p);
+    mxf8_gemm_kernel<OutT, true, kSwap, BQ, kCons><<<grid, C::kThreads, smem, stream>>>(mp, mq, p);
   else
-    mxf8_gemm_kernel<OutT, false, kSwap, BQ><<<grid, kThreads, smem, stream>>>(mp, mq, p);
+    mxf8_gemm_kernel<OutT, false, kSwap, BQ, kCons><<<grid, C::kThreads, smem, stream>>>(mp, mq, p);
   return cudaGetLastError();
 }
 
-template <class OutT, bool kSwap, int BQ>
+template <class OutT, bool kSwap, int BQ, int kCons>
 KernelEntry entry(const char* name, DType d) {
   return KernelEntry{name, DType::kF8E4M3, DType::kF8E4M3, d, &can_implement, &workspace_size,
-                     &prepare<OutT, kSwap, BQ>, &run<OutT, kSwap, BQ>,
-                     smem_bytes<BQ>(), kThreads, 90};
+                     &prepare<OutT, kSwap, BQ, kCons>, &run<OutT, kSwap, BQ, kCons>,
+                     smem_bytes<BQ, kCons>(), Cfg<BQ, kCons>::kThreads, 90};
 }
 
 }  // namespace jax_gmma::sm90_mxf8
 
 namespace jax_gmma {
 
-// The kernel table rows of this family (cpp/registry.cc): one large-M config and three
-// decode (swap) configs, each for bfloat16 and float32 output.
+// The kernel table rows of this family (cpp/registry.cc): one large-M config and six decode
+// (swap) configs -- 128- or 64-row weight tiles x 16, 32 or 64 tokens -- each for bfloat16 and
+// float32 output.
 int sm90_mx_mxf8_entries(KernelEntry* out) {
   using namespace sm90_mxf8;
   using BF16 = cutlass::bfloat16_t;
   int n = 0;
-#define JG_ENTRY(name, swap, bq)                                \
-  out[n++] = entry<BF16, swap, bq>(name, DType::kBF16); \
-  out[n++] = entry<float, swap, bq>(name, DType::kF32);
-  JG_ENTRY("sm90_mxf8_blockscaled_128x128", false, 128)
-  JG_ENTRY("sm90_mxf8_blockscaled_swap_128x16", true, 16)
-  JG_ENTRY("sm90_mxf8_blockscaled_swap_128x32", true, 32)
-  JG_ENTRY("sm90_mxf8_blockscaled_swap_128x64", true, 64)
+#define JG_ENTRY(name, swap, bq, cons)                               \
+  out[n++] = entry<BF16, swap, bq, cons>(name, DType::kBF16); \
+  out[n++] = entry<float, swap, bq, cons>(name, DType::kF32);
+  JG_ENTRY("sm90_mxf8_blockscaled_128x128", false, 128, 2)
+  JG_ENTRY("sm90_mxf8_blockscaled_swap_128x16", true, 16, 2)
+  JG_ENTRY("sm90_mxf8_blockscaled_swap_128x32", true, 32, 2)
+  JG_ENTRY("sm90_mxf8_blockscaled_swap_128x64", true, 64, 2)
+  JG_ENTRY("sm90_mxf8_blockscaled_swap_64x16", true, 16, 1)
+  JG_ENTRY("sm90_mxf8_blockscaled_swap_64x32", true, 32, 1)
+  JG_ENTRY("sm90_mxf8_blockscaled_swap_64x64", true, 64, 1)
 #undef JG_ENTRY
   return n;
 }

@@ -15,9 +15,10 @@ Paths (chosen at trace time, per the first CUDA device):
   instruction: each 32-K block is one e4m3 wgmma into a fresh float32 tile, then promoted,
   ``acc += (sa * sb) * tile`` in float32, so every E8M0 scale is applied exactly (one rounding
   per block; inside a block the FP8 tensor core's own accumulation, ~2^-13 relative). Configs
-  (:func:`select_config`): ``..._128x128`` for M > 64 (128 x 128 tiles, two consumer warp
-  groups), and for decode the "swap" configs ``..._swap_128x{16,32,64}`` (the weights stream
-  through the wgmma M side, the M tokens are its N side). The promotion costs two float32
+  (:func:`select_sm90_config`): ``..._128x128`` for large M (128 x 128 tiles, two consumer warp
+  groups), and for decode the "swap" configs ``..._swap_{128,64}x{16,32,64}`` (the weights
+  stream through the wgmma M side in 128- or 64-row tiles -- 64 doubles the CTAs where N is
+  small -- and the M tokens are its N side). The promotion costs two float32
   operations per accumulator element per 32 of K, so at large M the kernel is bound by the CUDA
   cores (~370 TFLOP/s on an H200) and the exact bf16 route below is faster: from
   ``M >= SM90_DEQUANT_MIN_M`` (512) ``mx_gemm`` takes path ``"dequant"`` on Hopper. Other
@@ -96,7 +97,9 @@ ARCH_FOR_CC = {"9.0": "sm_90a", "10.0": "sm_100a", "12.0": "sm_120a"}
 KERNELS = {
     "sm_90a": {
         ("mxfp8", "mxfp8"): ("sm90_mxf8_blockscaled_128x128", "sm90_mxf8_blockscaled_swap_128x16",
-                             "sm90_mxf8_blockscaled_swap_128x32", "sm90_mxf8_blockscaled_swap_128x64"),
+                             "sm90_mxf8_blockscaled_swap_128x32", "sm90_mxf8_blockscaled_swap_128x64",
+                             "sm90_mxf8_blockscaled_swap_64x16", "sm90_mxf8_blockscaled_swap_64x32",
+                             "sm90_mxf8_blockscaled_swap_64x64"),
     },
     "sm_100a": {
         ("mxfp8", "mxfp8"): ("sm100_mxfp8xmxfp8_128x128x128_1sm", "sm100_mxfp8xmxfp8_256x128x128_2sm"),
@@ -366,15 +369,25 @@ def resolve_path(arch: Optional[str], problem: MxProblem, path: Optional[str]) -
   return "kernel"
 
 
+#: Hopper MXFP8: up to this N the decode configs use 64-row weight tiles (N / 128 tiles would
+#: leave SMs of the H200's 132 idle).
+SM90_SMALL_N = 16384
+
+
 def select_sm90_config(m: int, n: int) -> str:
-  """The Hopper MXFP8 config for M tokens and N output columns (measured on the H200, kernel
-  alone, K = 8192: the swap configs' promotion work grows with their token tile and their CTA
-  count with N / 128; the 128 x 128 tile wins from M = 128)."""
+  """The Hopper MXFP8 config for M tokens and N output columns, measured on the H200 (kernel
+  alone, K = 8192, N = 8192 and 28672; benchmarks/results/2026-11-30-h200/session10/): the
+  token tile is the smallest that holds M (the promotion work grows with it); 64-row weight
+  tiles while N <= SM90_SMALL_N (twice the CTAs); from M = 65 the 128 x 128 tile, except for
+  small N, where the swap 128 x 64 tile over two token tiles is faster up to M = 128."""
+  small = n <= SM90_SMALL_N
   if m <= 16:
-    return "sm90_mxf8_blockscaled_swap_128x16"
-  if m <= 32 or (m <= 64 and n <= 16384):
-    return "sm90_mxf8_blockscaled_swap_128x32"
+    return "sm90_mxf8_blockscaled_swap_64x16" if small else "sm90_mxf8_blockscaled_swap_128x16"
+  if m <= 32:
+    return "sm90_mxf8_blockscaled_swap_64x32" if small else "sm90_mxf8_blockscaled_swap_128x32"
   if m <= 64:
+    return "sm90_mxf8_blockscaled_swap_64x64" if small else "sm90_mxf8_blockscaled_swap_128x64"
+  if m <= 128 and small:
     return "sm90_mxf8_blockscaled_swap_128x64"
   return "sm90_mxf8_blockscaled_128x128"
 
