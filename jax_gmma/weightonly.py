@@ -633,7 +633,10 @@ def resolve_cta(m: int, n: int, k: int, fmt: str, rows=None, tokens=None, k_warp
 #: then run at tensor-core speed. Measured on the H200 (benchmarks/results/2026-11-29-h200/
 #: session5/weightonly_prefill_switch, NVFP4, us, N x K = 8192 x 8192 / 28672 x 8192):
 #: M = 64: kernel 116 / 269, bf16 prefill path 98 / 285; M = 128: kernel 157 / 527, prefill
-#: 100 / 294; M = 256: kernel 304 / 1035, prefill 115 / 355.
+#: 100 / 294; M = 256: kernel 304 / 1035, prefill 115 / 355. Re-measured with the session-8
+#: kernel shapes (2026-11-30-h200/session10/wo_prefill_switch): M = 64: kernel 89 / 166, dequant
+#: 151 / 287; M = 96: 96 / 253 vs 144 / 301; M = 128: 94 / 325 vs 104 / 302 (a wash: +-10%);
+#: M = 192: 147 / 475 vs 173 / 337 -- 128 stays the switch.
 PREFILL_MIN_M = 128
 PATHS = ("auto", "kernel", "dequant", "fp8")
 
