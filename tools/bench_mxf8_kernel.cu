@@ -4,6 +4,7 @@
 //   nvcc -std=c++17 -O3 -DNDEBUG -gencode=arch=compute_90a,code=sm_90a -cudart static \
 //        -Icpp/include -I<cutlass>/include tools/bench_mxf8_kernel.cu -o mxf8_bench
 //   ./mxf8_bench [iters] [skip | large]   (skip: decode timings only; large: large-M timings only)
+//   ./mxf8_bench iters one CONFIG M N K   (one config at one shape, e.g. under ncu)
 //
 // Correctness: random e4m3 elements (every finite code) and E8M0 scales (a spread of 12
 // binades) in the swizzled 128x4-atom layout, float32 output poisoned with NaN before the
@@ -207,6 +208,11 @@ void bench(const char* config, int64_t m, int64_t n, int64_t k, int iters) {
 
 int main(int argc, char** argv) {
   const int iters = argc > 1 ? std::atoi(argv[1]) : 50;
+  // argv[2] "one" CONFIG M N K: time one config at one shape (e.g. under ncu).
+  if (argc > 6 && std::string(argv[2]) == "one") {
+    bench(argv[3], std::atoll(argv[4]), std::atoll(argv[5]), std::atoll(argv[6]), iters);
+    return 0;
+  }
   // argv[2]: "skip" (no checks, no large shapes: decode timings only) or "large" (the large
   // shapes' timings only).
   const bool skip_checks = argc > 2;
