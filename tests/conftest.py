@@ -35,3 +35,13 @@ def pytest_collection_modifyitems(config, items):
         ok, why = _hopper_with_kernels()
       if not ok:
         item.add_marker(pytest.mark.skip(reason=f"GPU test: {why}"))
+
+
+@pytest.fixture
+def cpu_device():
+  """Runs the test's computations on JAX's CPU device (every jax install has one): for tests
+  of the pure-JAX reference maths, which on a Hopper GPU would otherwise run a jax-gmma kernel
+  (tested against float64 with its own tolerances in the GPU tests)."""
+  import jax
+  with jax.default_device(jax.devices("cpu")[0]):
+    yield

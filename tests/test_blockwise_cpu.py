@@ -221,15 +221,12 @@ def test_scaled_matmul_block128(scale_dtype, bsz):
   assert relerr(out, np.asarray(jref, np.float64)) < 1e-5
 
 
+@pytest.mark.usefixtures("cpu_device")
 def test_scaled_matmul_mxfp8_goes_to_mx_gemm():
   """Block 32 + E8M0 scales (MXFP8) runs jax_gmma.mx_gemm (its reference lowering on CPU; the
-  Hopper kernel on an H200: tests/test_gpu_mx_sm90.py), one GEMM per batch entry. Pinned to the
-  CPU device, so that on a GPU machine too it checks the reference maths to 1e-6."""
-  with jax.default_device(jax.devices("cpu")[0]):
-    _scaled_matmul_mxfp8_on_cpu()
-
-
-def _scaled_matmul_mxfp8_on_cpu():
+  Hopper kernel on an H200: tests/test_gpu_mx_sm90.py), one GEMM per batch entry. On the CPU
+  device (conftest's cpu_device), so that on a GPU machine too it checks the reference maths
+  to 1e-6."""
   rng = np.random.default_rng(8)
   a, b = rand_fp8(rng, (2, 5, 96)), rand_fp8(rng, (2, 8, 96))
   sa = (2.0 ** rng.integers(-3, 4, (2, 5, 3))).astype(ml_dtypes.float8_e8m0fnu)

@@ -15,13 +15,12 @@ from jax_gmma import _backend, mx
 
 
 @pytest.fixture
-def reference_path():
+def reference_path(cpu_device):
   """These tests check the reference maths (what every backend runs without a kernel), so they
-  run on the CPU device (every jax install has one): on an H200, mx_gemm would otherwise run the
-  Hopper MXFP8 kernel, whose FP8 tensor-core sums are tested against float64 with their own
-  tolerance in tests/test_gpu_mx_sm90.py. On a GPU without MX kernels the reference path also
-  needs the documented opt-in, or mx_gemm refuses."""
-  with jax_gmma.allow_reference(), jax.default_device(jax.devices("cpu")[0]):
+  run on the CPU device (conftest's cpu_device): on an H200, mx_gemm would otherwise run the
+  Hopper MXFP8 kernel (tests/test_gpu_mx_sm90.py). On a GPU without MX kernels the reference
+  path also needs the documented opt-in, or mx_gemm refuses."""
+  with jax_gmma.allow_reference():
     yield
 
 
