@@ -92,13 +92,16 @@ void release(Operands& o) {
     for (auto* p : *v) cudaFree(p);
 }
 
-KernelEntry g_entries[16];
+KernelEntry g_entries[64];  // the family's rows (registry.cc's fill buffer has the same size)
 const int g_count = sm90_mx_mxf8_entries(g_entries);
 
 const KernelEntry* entry_for(const char* config, DType d) {
   for (int i = 0; i < g_count; ++i)
     if (g_entries[i].d == d && !std::strcmp(g_entries[i].config, config)) return &g_entries[i];
-  return nullptr;
+  std::fprintf(stderr, "no MXFP8 kernel config named %s; the configs:", config);
+  for (int i = 0; i < g_count; i += 2) std::fprintf(stderr, " %s", g_entries[i].config);
+  std::fprintf(stderr, "\n");
+  std::exit(2);
 }
 
 GemmArgs args(const Operands& o, int c, void* d, const void* bias) {
@@ -118,6 +121,7 @@ GemmArgs args(const Operands& o, int c, void* d, const void* bias) {
 
 // Returns the relative Frobenius error of the float32 output vs a float64 reference.
 double check(const char* config, int64_t m, int64_t n, int64_t k, bool with_bias, uint64_t seed) {
+  const KernelEntry* e = entry_for(config, DType::kF32);
   Operands o = make(m, n, k, 1, seed);
   const int64_t kb4 = (k / 32 + 3) / 4;
   std::vector<uint8_t> ha(m * k), hb(n * k), hsa((m + 127) / 128 * 128 * kb4 * 4), hsb((n + 127) / 128 * 128 * kb4 * 4);
@@ -134,7 +138,6 @@ double check(const char* config, int64_t m, int64_t n, int64_t k, bool with_bias
     CHECK(cudaMalloc(&bias, n * 4));
     CHECK(cudaMemcpy(bias, hbias.data(), n * 4, cudaMemcpyHostToDevice));
   }
-  const KernelEntry* e = entry_for(config, DType::kF32);
   GemmArgs g = args(o, 0, d, bias);
   if (const char* why = e->can_implement(g)) {
     std::printf("can_implement: %s\n", why);
@@ -178,12 +181,12 @@ double check(const char* config, int64_t m, int64_t n, int64_t k, bool with_bias
 }
 
 void bench(const char* config, int64_t m, int64_t n, int64_t k, int iters) {
+  const KernelEntry* e = entry_for(config, DType::kBF16);
   const double bytes = double(m) * k + double(n) * k + (m + n) * k / 32.0;
   const int copies = std::max(1, std::min(8, static_cast<int>(std::ceil(150e6 / bytes))));
   Operands o = make(m, n, k, copies, 1234);
   void* d;
   CHECK(cudaMalloc(&d, m * n * 2));
-  const KernelEntry* e = entry_for(config, DType::kBF16);
   CHECK(e->prepare());
   for (int i = 0; i < 3; ++i) CHECK(e->run(args(o, i % copies, d, nullptr), nullptr));
   cudaEvent_t t0, t1;
@@ -214,10 +217,10 @@ int main(int argc, char** argv) {
     bench(argv[3], std::atoll(argv[4]), std::atoll(argv[5]), std::atoll(argv[6]), iters);
     return 0;
   }
-  // argv[2]: "skip" (no checks, no large shapes: decode timings only) or "large" (the large
-  // shapes' timings only).
-  const bool skip_checks = argc > 2;
-  const bool large_only = argc > 2 && std::string(argv[2]) == "large";
+  // argv[2]: none (checks, large shapes, decode), "large" (the large shapes' timings only) or
+  // anything else, e.g. "skip" (the decode timings only).
+  const std::string mode = argc > 2 ? argv[2] : "";
+  const bool run_checks = mode.empty(), run_large = mode.empty() || mode == "large";
   struct Shape { int64_t m, n, k; bool bias; };
   const char* large = "sm90_mxf8_blockscaled_128x128";
   const char* swaps[] = {"sm90_mxf8_blockscaled_swap_128x16", "sm90_mxf8_blockscaled_swap_128x32",
@@ -230,7 +233,7 @@ int main(int argc, char** argv) {
   bool ok = true;
   uint64_t seed = 7;
   for (const Shape& s : checks) {
-    if (skip_checks) break;
+    if (!run_checks) break;
     for (int c = 0; c <= n_swaps; ++c) {
       const char* cfg = c == 0 ? large : swaps[c - 1];
       if (c > 0 && s.m > 256) continue;
@@ -246,10 +249,10 @@ int main(int argc, char** argv) {
   if (!ok) return 1;
   const Shape times[] = {{8192, 8192, 8192}, {4096, 4096, 4096}, {4096, 7168, 16384}, {4096, 2112, 7168}};
   for (const Shape& s : times) {
-    if (skip_checks && !large_only) break;
+    if (!run_large) break;
     bench(large, s.m, s.n, s.k, iters);
   }
-  if (large_only) {
+  if (mode == "large") {
     for (int64_t n : {28672, 8192}) bench(large, 128, n, 8192, iters);
     return 0;
   }
