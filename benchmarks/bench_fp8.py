@@ -58,6 +58,12 @@ Methodology
     --repeats (default 20) repeats. One process, one GPU, impls timed one after another per shape;
     with --rounds R (large, decode) ours and XLA's FP8 dots are timed in R interleaved rounds of
     --repeats repeats each and the median is over all R x repeats samples.
+  * GEMMs per call (large suite): one jitted call runs one GEMM on each of the input sets below
+    (independent GEMMs, each its own operands), and the time per call is divided by their
+    count, so the per-executable dispatch cost of JAX (which in single-GEMM calls differed
+    between ours and XLA's by a few us per call, session 11) is amortized as for in-JAX
+    numbers elsewhere; --single-call times one GEMM per jitted call instead (the method of
+    sessions 1-10). Smoke shapes and the torch peer time one GEMM per call.
   * L2 rotation: GEMM shapes cycle through max(3, ceil(200 MB / operand bytes)) distinct input
     sets (at most 16), so consecutive calls never find their operands in the 60 MB L2. Smoke
     shapes use 3 small sets and are L2-resident: smoke numbers check plumbing, not performance.
@@ -226,6 +232,21 @@ def _stats(samples, iters):
 
 def _calibrate(per_call_s, n_sets, target_s):
   return int(max(n_sets, min(100000, math.ceil(target_s / max(per_call_s, 1e-7)))))
+
+
+def _per_call(fn, sets):
+  """A compiled function running fn once on every input set (one call, len(sets) GEMMs);
+  it takes the tuple of sets as its one argument."""
+  many = lambda all_sets: [fn(*a) for a in all_sets]  # noqa: E731
+  return jax.jit(many).lower(tuple(sets)).compile()
+
+
+def _per_gemm(stats, g):
+  """Stats of calls running g GEMMs each -> per GEMM."""
+  out = dict(stats, gemms_per_call=g)
+  for key in ("median_us", "min_us", "max_us"):
+    out[key] = stats[key] / g
+  return out
 
 
 def time_jax(fn, arg_sets, repeats, target_s):
@@ -434,6 +455,8 @@ def bench_gemm(run: Run, suite: str, m: int, n: int, k: int, max_sets: int = MAX
   shape = f"{m}x{n}x{k}"
   set_bytes = m * k + n * k
   n_sets = int(min(max_sets, max(3, math.ceil(ROTATE_BYTES / set_bytes))))
+  if suite == "large" and args.large_sets:  # tuning aid: e.g. 1 = operands L2-resident
+    n_sets = args.large_sets
   cfg, splits = run.config_for(m, n, k)
   cfg_fast, splits_fast = run.config_for(m, n, k, fast_accum=True)
   run.log(f"[{suite}] {shape}: ours -> {cfg} splits={splits}; {n_sets} input sets "
@@ -459,11 +482,13 @@ def bench_gemm(run: Run, suite: str, m: int, n: int, k: int, max_sets: int = MAX
     fn, calls = compile_jax(FP8_FNS[impl], sets[0])
     err = float(rel_err(fn(*sets[0]), ref))
     extra = {}
-    if impl.startswith(OURS):
+    if impl in (OURS, OURS_FAST):
       c, s = (cfg, splits) if impl == OURS else (cfg_fast, splits_fast)
       extra = dict(config=c.name, splits=s, path=run.ours_path(calls))
       if not err < TOL:  # also catches NaN
         run.fail(f"{suite} {shape} {impl}: rel_err {err:.3e} >= {TOL}")
+    elif impl.startswith(OURS + "[") and not err < TOL:  # a forced config (--large-configs)
+      run.fail(f"{suite} {shape} {impl}: rel_err {err:.3e} >= {TOL}")
     return fn, calls, err, extra
 
   def failed(impl, e):
@@ -474,14 +499,31 @@ def bench_gemm(run: Run, suite: str, m: int, n: int, k: int, max_sets: int = MAX
     else:  # the extra column and the peer must not take ours' numbers down with them
       run.peer_error(f"{suite} {shape} {impl}", e)
 
+  extra_impls = []
+  for spec in args.large_configs:
+    name, _, order = spec.partition("@")  # CONFIG[:SPLITS][@SWIZZLE/RASTER]
+    name, _, sp = name.partition(":")
+    sw, _, ro = order.partition("/")
+    impl = f"ours[{spec}]"
+    FP8_FNS[impl] = functools.partial(jax_gmma.fp8_gemm, out_dtype=BF16, config=name,
+                                      splits=int(sp) if sp else None,
+                                      swizzle=int(sw) if sw else None, raster=ro or None)
+    extra_impls.append(impl)
   ready = {}
-  for impl in (OURS, OURS_FAST, XLA, XLA_PRECISE):
+  for impl in (OURS, OURS_FAST, XLA, XLA_PRECISE, *extra_impls):
     try:
       ready[impl] = prepare(impl)
     except Exception as e:  # noqa: BLE001
       failed(impl, e)
-  stats = time_rounds({i: r[0] for i, r in ready.items()}, sets, args.repeats, run.target_s,
-                      args.rounds, failed)
+  # Large suite: each timed call runs one GEMM per input set (see the module doc).
+  g = 1 if suite != "large" or args.single_call else n_sets
+  if g > 1:
+    timed = {i: _per_call(FP8_FNS[i], sets) for i in ready}
+    stats = time_rounds(timed, [(tuple(sets),)], args.repeats, run.target_s, args.rounds, failed)
+    stats = {i: _per_gemm(st, g) for i, st in stats.items()}
+  else:
+    stats = time_rounds({i: r[0] for i, r in ready.items()}, sets, args.repeats, run.target_s,
+                        args.rounds, failed)
   for impl, st in stats.items():
     _, calls, err, extra = ready[impl]
     record(impl, st, err, calls, **extra)
@@ -490,7 +532,11 @@ def bench_gemm(run: Run, suite: str, m: int, n: int, k: int, max_sets: int = MAX
   bsets = [(dequant_bf16(a, sa), dequant_bf16(b, sb)) for a, b, sa, sb in sets]
   fn, calls = compile_jax(bf16_gemm, bsets[0])
   err = float(rel_err(fn(*bsets[0]), ref))
-  record(BF, time_jax(fn, bsets, args.repeats, run.target_s), err, calls)
+  if g > 1:
+    record(BF, _per_gemm(time_jax(_per_call(bf16_gemm, bsets), [(tuple(bsets),)], args.repeats,
+                                  run.target_s), g), err, calls)
+  else:
+    record(BF, time_jax(fn, bsets, args.repeats, run.target_s), err, calls)
   fn = bsets = sets = ref = None  # free the device buffers before the torch peer
   gc.collect()
   if run.torch.ok:
@@ -899,9 +945,23 @@ def markdown(meta, rows, notes, failures) -> str:
                    f"{_ratio(r.get('ours_speedup'))} | "
                    f"{_fmt(r.get('handler_us'), '.2f')} / "
                    f"{_fmt(r.get('handler_us_default_flags'), '.2f')} |")
+    forced = [(shape, i, r) for shape, g in groups.items() for i, r in g.items()
+              if i.startswith(OURS + "[") and r.get("median_us")]
+    if forced:  # --large-configs / --decode-configs rows, against XLA's FP8 dot of the shape
+      L += ["", "Forced configs (tuning rows):", "", "| shape | impl | µs | vs xla_fp8 | vs ours |",
+            "|---|---|---|---|---|"]
+      for shape, i, r in forced:
+        g = groups[shape]  # vs ours: t_ours / t_forced (> 1: the forced config is faster)
+        L.append(f"| {shape} | {i} | {_fmt(r['median_us'], '.2f')} | "
+                 f"{_ratio(r.get('speedup_vs', {}).get(XLA))} | "
+                 f"{_ratio(_per(g.get(OURS, {}).get('median_us'), r['median_us']))} |")
     L.append("")
   L += md_tail(notes, failures)
   return "\n".join(L)
+
+
+def _per(a, b):
+  return a / b if a and b else None
 
 
 def md_tail(notes, failures) -> list:
@@ -996,6 +1056,19 @@ def parse_args(argv=None):
   p.add_argument("--decode-configs", default="", type=lambda v: [c for c in v.split(",") if c],
                  help="comma-separated kernel configs (CONFIG or CONFIG:SPLITS) to also time in "
                       "the decode chains, as extra rows 'ours[<config>]' (tuning aid)")
+  p.add_argument("--large-configs", default="", type=lambda v: [c for c in v.split(",") if c],
+                 help="comma-separated kernel configs (CONFIG[:SPLITS][@SWIZZLE/RASTER]) to also "
+                      "time in the large suite, interleaved with ours and XLA's FP8 dots, as "
+                      "extra rows 'ours[<spec>]' (tuning aid)")
+  p.add_argument("--single-call", action="store_true",
+                 help="large suite: one GEMM per jitted call (default: one per input set, the "
+                      "time divided by their count; see Methodology)")
+  p.add_argument("--large-sets", type=int, default=0,
+                 help="large suite: cycle through this many input sets instead of enough to "
+                      "exceed 200 MB (1 leaves operands that fit in L2 there; tuning aid)")
+  p.add_argument("--large-shapes", default="",
+                 type=lambda v: [tuple(int(x) for x in t.split("x")) for t in v.split(",") if t],
+                 help="large suite shapes as MxNxK,... (default: the spine's list)")
   p.add_argument("--decode-shapes", default="", type=_nk_list,
                  help="decode suite (N, K) list as N:K,N:K (default 8192:8192,28672:8192), e.g. "
                       "the Llama-3-8B linears 6144:4096,4096:4096,28672:4096,4096:14336")
@@ -1051,8 +1124,11 @@ def main(argv=None) -> int:
                 SMOKE_DECODE_BUDGET)
     run.guard("smoke host cost", bench_host, "smoke")
   if args.suite in ("large", "all"):
-    for m, n, k in LARGE_SHAPES:
+    for m, n, k in args.large_shapes or LARGE_SHAPES:
       run.guard(f"large {m}x{n}x{k}", bench_gemm, "large", m, n, k)
+    run.notes.append("large: one GEMM per jitted call (--single-call)" if args.single_call else
+                     "large: each jitted call runs one GEMM per input set (input_sets GEMMs, "
+                     "independent), times are per GEMM; torch: one GEMM per call")
   if args.suite in ("decode", "all"):
     for n, k in args.decode_shapes or DECODE_NK:
       run.guard(f"decode N={n} K={k}", bench_decode, "decode", n, k,
