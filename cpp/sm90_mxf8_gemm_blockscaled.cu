@@ -60,7 +60,7 @@ constexpr int kAtomBytes = 512;  // one 128 x 4 scale atom
 
 // kCons consumer warp groups of 64 P rows each: 2 (a 128-row P tile) or 1 (64 rows: twice the
 // CTAs, for decode shapes whose N / 128 tiles leave SMs idle).
-template <int BQ, int kCons>
+template <int BQ, int kCons, bool kDeep>
 struct Cfg {
   static_assert(BQ == 16 || BQ == 32 || BQ == 64 || BQ == 128, "wgmma N tile");
   static_assert(kCons == 1 || kCons == 2, "consumer warp groups");
@@ -68,9 +68,12 @@ struct Cfg {
   static constexpr int kThreads = 128 * (1 + kCons);
   // Small tiles: two CTAs per SM. Setmaxnreg moves registers inside the CTA's launch pool:
   // kProducerRegs + kCons * kConsumerRegs <= (1 + kCons) * (65536 / (kThreads * kMinBlocks)).
-  static constexpr int kMinBlocks = (kCons == 1 || BQ <= 32) ? 2 : 1;
-  static constexpr int kStages = kCons == 1 ? 8 : (kMinBlocks == 2 ? 5 : 6);
-  static constexpr int kConsumerRegs = kCons == 1 ? (BQ == 64 ? 216 : 120) : (kMinBlocks == 2 ? 104 : 232);
+  // kDeep (one consumer warp group only): one CTA per SM with 16 stages in flight instead of
+  // two CTAs with 8 each, for weight streams of at most one wave of 64-row tiles.
+  static_assert(!kDeep || kCons == 1, "deep pipelines are built for one consumer warp group");
+  static constexpr int kMinBlocks = kDeep ? 1 : (kCons == 1 || BQ <= 32) ? 2 : 1;
+  static constexpr int kStages = kDeep ? 16 : kCons == 1 ? 8 : (kMinBlocks == 2 ? 5 : 6);
+  static constexpr int kConsumerRegs = kDeep ? 232 : kCons == 1 ? (BQ == 64 ? 216 : 120) : (kMinBlocks == 2 ? 104 : 232);
   static constexpr int kProducerRegs = kCons == 1 ? 40 : (kMinBlocks == 2 ? 24 : 40);
   static_assert(kProducerRegs + kCons * kConsumerRegs <= (1 + kCons) * (65536 / (kThreads * kMinBlocks) / 8 * 8),
                 "setmaxnreg: the warp groups' registers exceed the CTA's launch allocation");
@@ -80,9 +83,9 @@ struct Cfg {
   static constexpr uint32_t kStageTx = (kBP + BQ) * kBK + 2 * kAtomBytes;
 };
 
-template <int BQ, int kCons>
+template <int BQ, int kCons, bool kDeep>
 struct SharedStorage {
-  using C = Cfg<BQ, kCons>;
+  using C = Cfg<BQ, kCons, kDeep>;
   alignas(1024) uint8_t p[C::kStages][C::kBP * kBK];
   alignas(1024) uint8_t q[C::kStages][BQ * kBK];
   uint32_t sfp[C::kStages][128];
@@ -91,8 +94,8 @@ struct SharedStorage {
   uint64_t full[C::kStages];
   uint64_t empty[C::kStages];
 };
-template <int BQ, int kCons>
-constexpr int smem_bytes() { return static_cast<int>(sizeof(SharedStorage<BQ, kCons>)) + 1024; }  // + alignment slack
+template <int BQ, int kCons, bool kDeep>
+constexpr int smem_bytes() { return static_cast<int>(sizeof(SharedStorage<BQ, kCons, kDeep>)) + 1024; }  // + alignment slack
 
 struct Params {
   const uint8_t* p_sf;  // scale atoms of P / Q (swizzled 128x4 layout)
@@ -298,14 +301,14 @@ __device__ __forceinline__ void store_tile(const Params& p, const float (&acc)[B
   }
 }
 
-template <class OutT, bool kBias, bool kSwap, int BQ, int kCons>
-__global__ void __launch_bounds__(Cfg<BQ, kCons>::kThreads, Cfg<BQ, kCons>::kMinBlocks)
+template <class OutT, bool kBias, bool kSwap, int BQ, int kCons, bool kDeep>
+__global__ void __launch_bounds__(Cfg<BQ, kCons, kDeep>::kThreads, Cfg<BQ, kCons, kDeep>::kMinBlocks)
     mxf8_gemm_kernel(const __grid_constant__ CUtensorMap tma_p, const __grid_constant__ CUtensorMap tma_q,
                      const Params p) {
-  using C = Cfg<BQ, kCons>;
+  using C = Cfg<BQ, kCons, kDeep>;
   constexpr int kBP = C::kBP;
   extern __shared__ uint8_t smem_raw[];
-  SharedStorage<BQ, kCons>& s = *reinterpret_cast<SharedStorage<BQ, kCons>*>(
+  SharedStorage<BQ, kCons, kDeep>& s = *reinterpret_cast<SharedStorage<BQ, kCons, kDeep>*>(
       smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023));
   const int wg = threadIdx.x / 128;
   const int num_tiles = p.tiles_p * p.tiles_q;
@@ -499,19 +502,19 @@ bool aligned(const GemmArgs& g) {
 
 size_t workspace_size(const GemmArgs&) { return 0; }
 
-template <class OutT, bool kSwap, int BQ, int kCons>
+template <class OutT, bool kSwap, int BQ, int kCons, bool kDeep>
 cudaError_t prepare() {
-  for (auto fn : {mxf8_gemm_kernel<OutT, false, kSwap, BQ, kCons>, mxf8_gemm_kernel<OutT, true, kSwap, BQ, kCons>}) {
+  for (auto fn : {mxf8_gemm_kernel<OutT, false, kSwap, BQ, kCons, kDeep>, mxf8_gemm_kernel<OutT, true, kSwap, BQ, kCons, kDeep>}) {
     cudaError_t e =
-        cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<BQ, kCons>());
+        cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<BQ, kCons, kDeep>());
     if (e != cudaSuccess) return e;
   }
   return cudaSuccess;
 }
 
-template <class OutT, bool kSwap, int BQ, int kCons>
+template <class OutT, bool kSwap, int BQ, int kCons, bool kDeep>
 cudaError_t run(const GemmArgs& g, cudaStream_t stream) {
-  using C = Cfg<BQ, kCons>;
+  using C = Cfg<BQ, kCons, kDeep>;
   constexpr int kBP = C::kBP;
   if (!aligned(g)) return cudaErrorMisalignedAddress;
   Params p;
@@ -532,19 +535,19 @@ cudaError_t run(const GemmArgs& g, cudaStream_t stream) {
   int sms = g.sm_count;
   if (sms <= 0 && cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, g.device) != cudaSuccess) sms = 132;
   const dim3 grid(std::min(tiles, sms * C::kMinBlocks));
-  constexpr int smem = smem_bytes<BQ, kCons>();
+  constexpr int smem = smem_bytes<BQ, kCons, kDeep>();
   if (g.bias)
-    mxf8_gemm_kernel<OutT, true, kSwap, BQ, kCons><<<grid, C::kThreads, smem, stream>>>(mp, mq, p);
+    mxf8_gemm_kernel<OutT, true, kSwap, BQ, kCons, kDeep><<<grid, C::kThreads, smem, stream>>>(mp, mq, p);
   else
-    mxf8_gemm_kernel<OutT, false, kSwap, BQ, kCons><<<grid, C::kThreads, smem, stream>>>(mp, mq, p);
+    mxf8_gemm_kernel<OutT, false, kSwap, BQ, kCons, kDeep><<<grid, C::kThreads, smem, stream>>>(mp, mq, p);
   return cudaGetLastError();
 }
 
-template <class OutT, bool kSwap, int BQ, int kCons>
+template <class OutT, bool kSwap, int BQ, int kCons, bool kDeep>
 KernelEntry entry(const char* name, DType d) {
   return KernelEntry{name, DType::kF8E4M3, DType::kF8E4M3, d, &can_implement, &workspace_size,
-                     &prepare<OutT, kSwap, BQ, kCons>, &run<OutT, kSwap, BQ, kCons>,
-                     smem_bytes<BQ, kCons>(), Cfg<BQ, kCons>::kThreads, 90};
+                     &prepare<OutT, kSwap, BQ, kCons, kDeep>, &run<OutT, kSwap, BQ, kCons, kDeep>,
+                     smem_bytes<BQ, kCons, kDeep>(), Cfg<BQ, kCons, kDeep>::kThreads, 90};
 }
 
 }  // namespace jax_gmma::sm90_mxf8
@@ -558,16 +561,18 @@ int sm90_mx_mxf8_entries(KernelEntry* out) {
   using namespace sm90_mxf8;
   using BF16 = cutlass::bfloat16_t;
   int n = 0;
-#define JG_ENTRY(name, swap, bq, cons)                               \
-  out[n++] = entry<BF16, swap, bq, cons>(name, DType::kBF16); \
-  out[n++] = entry<float, swap, bq, cons>(name, DType::kF32);
-  JG_ENTRY("sm90_mxf8_blockscaled_128x128", false, 128, 2)
-  JG_ENTRY("sm90_mxf8_blockscaled_swap_128x16", true, 16, 2)
-  JG_ENTRY("sm90_mxf8_blockscaled_swap_128x32", true, 32, 2)
-  JG_ENTRY("sm90_mxf8_blockscaled_swap_128x64", true, 64, 2)
-  JG_ENTRY("sm90_mxf8_blockscaled_swap_64x16", true, 16, 1)
-  JG_ENTRY("sm90_mxf8_blockscaled_swap_64x32", true, 32, 1)
-  JG_ENTRY("sm90_mxf8_blockscaled_swap_64x64", true, 64, 1)
+#define JG_ENTRY(name, swap, bq, cons, deep)                               \
+  out[n++] = entry<BF16, swap, bq, cons, deep>(name, DType::kBF16); \
+  out[n++] = entry<float, swap, bq, cons, deep>(name, DType::kF32);
+  JG_ENTRY("sm90_mxf8_blockscaled_128x128", false, 128, 2, false)
+  JG_ENTRY("sm90_mxf8_blockscaled_swap_128x16", true, 16, 2, false)
+  JG_ENTRY("sm90_mxf8_blockscaled_swap_128x32", true, 32, 2, false)
+  JG_ENTRY("sm90_mxf8_blockscaled_swap_128x64", true, 64, 2, false)
+  JG_ENTRY("sm90_mxf8_blockscaled_swap_64x16", true, 16, 1, false)
+  JG_ENTRY("sm90_mxf8_blockscaled_swap_64x32", true, 32, 1, false)
+  JG_ENTRY("sm90_mxf8_blockscaled_swap_64x64", true, 64, 1, false)
+  JG_ENTRY("sm90_mxf8_blockscaled_swap_64x16_deep", true, 16, 1, true)
+  JG_ENTRY("sm90_mxf8_blockscaled_swap_64x32_deep", true, 32, 1, true)
 #undef JG_ENTRY
   return n;
 }

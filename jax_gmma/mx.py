@@ -18,7 +18,8 @@ Paths (chosen at trace time, per the first CUDA device):
   (:func:`select_sm90_config`): ``..._128x128`` for large M (128 x 128 tiles, two consumer warp
   groups), and for decode the "swap" configs ``..._swap_{128,64}x{16,32,64}`` (the weights
   stream through the wgmma M side in 128- or 64-row tiles -- 64 doubles the CTAs where N is
-  small -- and the M tokens are its N side). The promotion costs two float32
+  small -- and the M tokens are its N side; ``..._swap_64x{16,32}_deep``: one CTA per SM with
+  16 pipeline stages, where the 64-row tiles make at most one wave). The promotion costs two float32
   operations per accumulator element per 32 of K, so at large M the kernel is bound by the CUDA
   cores (~370 TFLOP/s on an H200) and the exact bf16 route below is faster: from
   ``M >= SM90_DEQUANT_MIN_M`` (512) ``mx_gemm`` takes path ``"dequant"`` on Hopper. Other
@@ -99,7 +100,8 @@ KERNELS = {
         ("mxfp8", "mxfp8"): ("sm90_mxf8_blockscaled_128x128", "sm90_mxf8_blockscaled_swap_128x16",
                              "sm90_mxf8_blockscaled_swap_128x32", "sm90_mxf8_blockscaled_swap_128x64",
                              "sm90_mxf8_blockscaled_swap_64x16", "sm90_mxf8_blockscaled_swap_64x32",
-                             "sm90_mxf8_blockscaled_swap_64x64"),
+                             "sm90_mxf8_blockscaled_swap_64x64", "sm90_mxf8_blockscaled_swap_64x16_deep",
+                             "sm90_mxf8_blockscaled_swap_64x32_deep"),
     },
     "sm_100a": {
         ("mxfp8", "mxfp8"): ("sm100_mxfp8xmxfp8_128x128x128_1sm", "sm100_mxfp8xmxfp8_256x128x128_2sm"),
@@ -341,7 +343,7 @@ def select_config(arch: str, problem: MxProblem, sm_count: int, config: Optional
   if len(names) == 1:
     return names[0]
   if arch == "sm_90a":
-    return select_sm90_config(problem.m, problem.n)
+    return select_sm90_config(problem.m, problem.n, sm_count)
   one, two = names[0], names[1]
   tiles_2sm = -(-problem.m // 256) * -(-problem.n // 128)
   return two if problem.m > 128 and tiles_2sm >= max(1, sm_count // 2) else one
@@ -374,17 +376,21 @@ def resolve_path(arch: Optional[str], problem: MxProblem, path: Optional[str]) -
 SM90_SMALL_N = 16384
 
 
-def select_sm90_config(m: int, n: int) -> str:
+def select_sm90_config(m: int, n: int, sm_count: int = 132) -> str:
   """The Hopper MXFP8 config for M tokens and N output columns, measured on the H200 (kernel
-  alone, K = 8192, N = 8192 and 28672; benchmarks/results/2026-11-30-h200/session10/): the
-  token tile is the smallest that holds M (the promotion work grows with it); 64-row weight
-  tiles while N <= SM90_SMALL_N (twice the CTAs); from M = 65 the 128 x 128 tile, except for
-  small N, where the swap 128 x 64 tile over two token tiles is faster up to M = 128."""
+  alone, K = 8192, N = 8192 and 28672; benchmarks/results/2026-11-30-h200/session10/ and
+  session11/): the token tile is the smallest that holds M (the promotion work grows with it);
+  64-row weight tiles while N <= SM90_SMALL_N (twice the CTAs), as the one-CTA-per-SM 16-stage
+  ``_deep`` configs for M <= 32 when the 64-row tiles make at most one wave (N <= 64 x SMs:
+  N = 8192, M = 1 / 16 / 32: 25.9 / 25.9 / 30.1 us vs 26.5 / 26.3 / 32.2); from M = 65 the
+  128 x 128 tile, except for small N, where the swap 128 x 64 tile over two token tiles is
+  faster up to M = 128."""
   small = n <= SM90_SMALL_N
+  deep = "_deep" if -(-n // 64) <= sm_count else ""
   if m <= 16:
-    return "sm90_mxf8_blockscaled_swap_64x16" if small else "sm90_mxf8_blockscaled_swap_128x16"
+    return f"sm90_mxf8_blockscaled_swap_64x16{deep}" if small else "sm90_mxf8_blockscaled_swap_128x16"
   if m <= 32:
-    return "sm90_mxf8_blockscaled_swap_64x32" if small else "sm90_mxf8_blockscaled_swap_128x32"
+    return f"sm90_mxf8_blockscaled_swap_64x32{deep}" if small else "sm90_mxf8_blockscaled_swap_128x32"
   if m <= 64:
     return "sm90_mxf8_blockscaled_swap_64x64" if small else "sm90_mxf8_blockscaled_swap_128x64"
   if m <= 128 and small:

@@ -227,20 +227,23 @@ def test_select_config():
   assert mx.select_config("sm_120a", p, 84).startswith("sm120_")
   with pytest.raises(ValueError, match="is not a sm_120a kernel for mxfp8 x mxfp8"):
     mx.select_config("sm_120a", p, 84, config="sm100_mxfp8xmxfp8_128x128x128_1sm")
-  # Hopper MXFP8: decode (swap) configs by token count, 64-row weight tiles up to N = 16384,
+  # Hopper MXFP8: decode (swap) configs by token count, 64-row weight tiles up to N = 16384
+  # (one CTA per SM, 16 stages, while they make at most one wave: N <= 64 x 132 = 8448, M <= 32),
   # the 128 x 128 tile from M = 65 (small N: from M = 129).
-  pick = lambda m, n: mx.select_config("sm_90a", _problem(m=m, n=n), 132)  # noqa: E731
+  pick = lambda m, n, sms=132: mx.select_config("sm_90a", _problem(m=m, n=n), sms)  # noqa: E731
   pre = "sm90_mxf8_blockscaled_"
   assert pick(1, 28672) == pick(16, 16400) == pre + "swap_128x16"
-  assert pick(1, 8192) == pick(16, 16384) == pre + "swap_64x16"
+  assert pick(1, 8192) == pick(16, 8448) == pre + "swap_64x16_deep"
+  assert pick(1, 8512) == pick(16, 16384) == pick(16, 8192, 114) == pre + "swap_64x16"
   assert pick(17, 28672) == pick(32, 28672) == pre + "swap_128x32"
-  assert pick(17, 8192) == pick(32, 2112) == pre + "swap_64x32"
+  assert pick(17, 8192) == pick(32, 2112) == pre + "swap_64x32_deep"
+  assert pick(17, 8512) == pick(32, 16384) == pre + "swap_64x32"
   assert pick(33, 28672) == pick(64, 28672) == pre + "swap_128x64"
   assert pick(33, 8192) == pick(64, 8192) == pre + "swap_64x64"
   assert pick(65, 8192) == pick(128, 16384) == pre + "swap_128x64"
   assert pick(65, 28672) == pick(129, 8192) == pick(4096, 4096) == pre + "128x128"
   for m in (1, 16, 17, 32, 33, 64, 65, 128, 129, 4096):  # every pick is a registered config
-    for n in (16, 8192, 16384, 16400, 28672):
+    for n in (16, 8192, 8512, 16384, 16400, 28672):
       assert pick(m, n) in mx.KERNELS["sm_90a"][("mxfp8", "mxfp8")]
   assert mx.select_config("sm_90a", p, 132, config="sm90_mxf8_blockscaled_swap_128x64").endswith("x64")
   e5 = _problem(m=16, a_dtype=jnp.float8_e5m2)

@@ -225,7 +225,8 @@ int main(int argc, char** argv) {
   const char* large = "sm90_mxf8_blockscaled_128x128";
   const char* swaps[] = {"sm90_mxf8_blockscaled_swap_128x16", "sm90_mxf8_blockscaled_swap_128x32",
                          "sm90_mxf8_blockscaled_swap_128x64", "sm90_mxf8_blockscaled_swap_64x16",
-                         "sm90_mxf8_blockscaled_swap_64x32",  "sm90_mxf8_blockscaled_swap_64x64"};
+                         "sm90_mxf8_blockscaled_swap_64x32",  "sm90_mxf8_blockscaled_swap_64x64",
+                         "sm90_mxf8_blockscaled_swap_64x16_deep", "sm90_mxf8_blockscaled_swap_64x32_deep"};
   const int n_swaps = sizeof(swaps) / sizeof(swaps[0]);
   const Shape checks[] = {{128, 128, 128, false}, {1, 256, 4096, true},    {200, 384, 1056, false},
                           {300, 130, 160, true},  {129, 1000, 7168, false}, {4096, 4096, 4096, false},
