@@ -844,8 +844,9 @@ def markdown(meta, rows, notes, failures, bar_rows) -> str:
         sv = o.get("speedup_vs", {})
         us = lambda i: _fmt(g.get(i, {}).get("median_us"), ".2f")
         rel = 1.0 / sv[PERT] if sv.get(PERT) else None
-        L.append(f"| {o.get('m')} | {o.get('n')}×{o.get('k')} | {o.get('chain')} "
-                 f"({g.get(JNN, {}).get('chain', '—')}) | {o.get('distinct_weights')} | "
+        b = o or next(iter(g.values()))  # shape fields also when --impls left ours_1d2d out
+        L.append(f"| {b.get('m')} | {b.get('n')}×{b.get('k')} | {b.get('chain')} "
+                 f"({g.get(JNN, {}).get('chain', '—')}) | {b.get('distinct_weights')} | "
                  f"{o.get('config', '—')} ({o.get('splits', '—')}) | {_fmt(o.get('rel_err'), '.1e')} | "
                  f"{us(OURS)} | {_fmt(o.get('gbps'), '.0f')} | {us(PERT)} | {us(XLA)} | {us(JNN)} | "
                  f"{_ratio(rel)} | {_ratio(sv.get(JNN))} | {_ratio(sv.get(XLA))} |")
