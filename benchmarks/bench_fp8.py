@@ -500,14 +500,10 @@ def bench_gemm(run: Run, suite: str, m: int, n: int, k: int, max_sets: int = MAX
       run.peer_error(f"{suite} {shape} {impl}", e)
 
   extra_impls = []
-  for spec in args.large_configs:
-    name, _, order = spec.partition("@")  # CONFIG[:SPLITS][@SWIZZLE/RASTER]
-    name, _, sp = name.partition(":")
-    sw, _, ro = order.partition("/")
+  for spec, name, sp, sw, ro in args.large_configs:
     impl = f"ours[{spec}]"
-    FP8_FNS[impl] = functools.partial(jax_gmma.fp8_gemm, out_dtype=BF16, config=name,
-                                      splits=int(sp) if sp else None,
-                                      swizzle=int(sw) if sw else None, raster=ro or None)
+    FP8_FNS[impl] = functools.partial(jax_gmma.fp8_gemm, out_dtype=BF16, config=name, splits=sp,
+                                      swizzle=sw, raster=ro)
     extra_impls.append(impl)
   ready = {}
   for impl in (OURS, OURS_FAST, XLA, XLA_PRECISE, *extra_impls):
@@ -592,6 +588,30 @@ def _n_distinct(n, k, budget):
   while d > 1 and d * n * k > budget:
     d //= 2
   return d
+
+
+def _config_spec(item: str) -> tuple:
+  """``"CONFIG[:SPLITS][@SWIZZLE/RASTER]"`` -> (item, config, splits, swizzle, raster), the
+  missing parts None (the heuristic's); an argparse type helper of --large-configs."""
+  head, _, order = item.partition("@")
+  name, _, sp = head.partition(":")
+  sw, _, ro = order.partition("/")
+  if (not name or (sp and not sp.isdigit()) or (sw and not sw.isdigit())
+      or (ro and ro not in gcfg.RASTERS) or ("@" in item and not (sw or ro))):
+    raise argparse.ArgumentTypeError(f"config spec {item!r} is not CONFIG[:SPLITS][@SWIZZLE/RASTER] "
+                                     f"(RASTER one of {', '.join(gcfg.RASTERS)})")
+  return item, name, int(sp) if sp else None, int(sw) if sw else None, ro or None
+
+
+def _mnk_list(text: str):
+  """``"MxNxK,MxNxK"`` -> ``[(M, N, K), ...]`` (argparse type of --large-shapes)."""
+  out = []
+  for item in filter(None, text.split(",")):
+    dims = item.split("x")
+    if len(dims) != 3 or not all(d.isdigit() for d in dims):
+      raise argparse.ArgumentTypeError(f"large shape {item!r} is not MxNxK")
+    out.append(tuple(int(d) for d in dims))
+  return out
 
 
 def _nk_list(text: str):
@@ -1056,7 +1076,7 @@ def parse_args(argv=None):
   p.add_argument("--decode-configs", default="", type=lambda v: [c for c in v.split(",") if c],
                  help="comma-separated kernel configs (CONFIG or CONFIG:SPLITS) to also time in "
                       "the decode chains, as extra rows 'ours[<config>]' (tuning aid)")
-  p.add_argument("--large-configs", default="", type=lambda v: [c for c in v.split(",") if c],
+  p.add_argument("--large-configs", default="", type=lambda v: [_config_spec(c) for c in v.split(",") if c],
                  help="comma-separated kernel configs (CONFIG[:SPLITS][@SWIZZLE/RASTER]) to also "
                       "time in the large suite, interleaved with ours and XLA's FP8 dots, as "
                       "extra rows 'ours[<spec>]' (tuning aid)")
@@ -1066,8 +1086,7 @@ def parse_args(argv=None):
   p.add_argument("--large-sets", type=int, default=0,
                  help="large suite: cycle through this many input sets instead of enough to "
                       "exceed 200 MB (1 leaves operands that fit in L2 there; tuning aid)")
-  p.add_argument("--large-shapes", default="",
-                 type=lambda v: [tuple(int(x) for x in t.split("x")) for t in v.split(",") if t],
+  p.add_argument("--large-shapes", default="", type=_mnk_list,
                  help="large suite shapes as MxNxK,... (default: the spine's list)")
   p.add_argument("--decode-shapes", default="", type=_nk_list,
                  help="decode suite (N, K) list as N:K,N:K (default 8192:8192,28672:8192), e.g. "

@@ -1,4 +1,5 @@
-"""Argument parsing of benchmarks/bench_fp8.py (CPU): --decode-shapes N:K lists."""
+"""Argument parsing of benchmarks/bench_fp8.py (CPU): --decode-shapes N:K lists, --large-configs
+specs and --large-shapes lists."""
 import argparse
 import importlib.util
 import os
@@ -28,3 +29,27 @@ def test_decode_shapes_parse():
   for bad in ("6144x4096", "6144:", "a:b"):
     with pytest.raises(argparse.ArgumentTypeError, match="is not N:K"):
       b._nk_list(bad)
+
+
+def test_large_config_specs_parse():
+  b = _bench_fp8()
+  assert b._config_spec("128x192x128_c2x1_coop_fast") == ("128x192x128_c2x1_coop_fast",
+                                                          "128x192x128_c2x1_coop_fast", None, None, None)
+  assert b._config_spec("cfg:0@1/n") == ("cfg:0@1/n", "cfg", 0, 1, "n")
+  assert b._config_spec("cfg@/m") == ("cfg@/m", "cfg", None, None, "m")
+  assert b._config_spec("cfg:2@4") == ("cfg:2@4", "cfg", 2, 4, None)
+  for bad in ("", ":1", "cfg:x", "cfg@", "cfg@a/n", "cfg@1/z"):
+    with pytest.raises(argparse.ArgumentTypeError, match="is not CONFIG"):
+      b._config_spec(bad)
+  args = b.parse_args(["--suite", "large", "--large-configs", "a,b:1@2/n", "--large-shapes", "64x128x256"])
+  assert [c[0] for c in args.large_configs] == ["a", "b:1@2/n"]
+  assert args.large_shapes == [(64, 128, 256)] and not args.single_call and args.large_sets == 0
+
+
+def test_large_shapes_parse():
+  b = _bench_fp8()
+  assert b._mnk_list("4096x2112x7168,1x2x3") == [(4096, 2112, 7168), (1, 2, 3)]
+  assert b._mnk_list("") == []
+  for bad in ("4096x2112", "4096x2112x7168x1", "ax2x3"):
+    with pytest.raises(argparse.ArgumentTypeError, match="is not MxNxK"):
+      b._mnk_list(bad)
