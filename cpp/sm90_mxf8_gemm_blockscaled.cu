@@ -12,7 +12,8 @@
 //
 // * CTA tile 128 rows (two consumer warp groups of 64) or 64 rows (one; twice the CTAs for
 //   decode shapes with few 128-row tiles) x BQ (16, 32, 64 or 128), K step 128 (four 32-K
-//   scale blocks), 5-8 stage TMA pipeline (mbarrier full / empty pairs). Warp group 0 is the
+//   scale blocks), 5-8 stage TMA pipeline (16 in the one-CTA-per-SM "_deep" configs;
+//   mbarrier full / empty pairs). Warp group 0 is the
 //   producer (one thread issues two 2-D TMA loads, 128B-swizzled, and two 512-byte bulk
 //   copies of the scale atoms per stage); the other warp groups consume.
 // * Per 32-K block, one wgmma m64nBQk32 (e4m3 x e4m3 -> f32) into a *fresh* register tile
@@ -554,9 +555,10 @@ KernelEntry entry(const char* name, DType d) {
 
 namespace jax_gmma {
 
-// The kernel table rows of this family (cpp/registry.cc): one large-M config and six decode
-// (swap) configs -- 128- or 64-row weight tiles x 16, 32 or 64 tokens -- each for bfloat16 and
-// float32 output.
+// The kernel table rows of this family (cpp/registry.cc): one large-M config and eight decode
+// (swap) configs -- 128- or 64-row weight tiles x 16, 32 or 64 tokens, and the 64-row 16- and
+// 32-token tiles as one-CTA-per-SM 16-stage "_deep" variants -- each for bfloat16 and float32
+// output.
 int sm90_mx_mxf8_entries(KernelEntry* out) {
   using namespace sm90_mxf8;
   using BF16 = cutlass::bfloat16_t;
