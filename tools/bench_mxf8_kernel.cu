@@ -223,11 +223,11 @@ int main(int argc, char** argv) {
   const bool run_checks = mode.empty(), run_large = mode.empty() || mode == "large";
   struct Shape { int64_t m, n, k; bool bias; };
   const char* large = "sm90_mxf8_blockscaled_128x128";
-  const char* swaps[] = {"sm90_mxf8_blockscaled_swap_128x16", "sm90_mxf8_blockscaled_swap_128x32",
-                         "sm90_mxf8_blockscaled_swap_128x64", "sm90_mxf8_blockscaled_swap_64x16",
-                         "sm90_mxf8_blockscaled_swap_64x32",  "sm90_mxf8_blockscaled_swap_64x64",
-                         "sm90_mxf8_blockscaled_swap_64x16_deep", "sm90_mxf8_blockscaled_swap_64x32_deep"};
-  const int n_swaps = sizeof(swaps) / sizeof(swaps[0]);
+  // The decode (swap) configs: every other row of the family's table, in its order.
+  std::vector<const char*> swaps;
+  for (int i = 0; i < g_count; ++i)
+    if (g_entries[i].d == DType::kBF16 && std::strcmp(g_entries[i].config, large)) swaps.push_back(g_entries[i].config);
+  const int n_swaps = static_cast<int>(swaps.size());
   const Shape checks[] = {{128, 128, 128, false}, {1, 256, 4096, true},    {200, 384, 1056, false},
                           {300, 130, 160, true},  {129, 1000, 7168, false}, {4096, 4096, 4096, false},
                           {16, 28672, 8192, true}, {33, 300, 2080, true},   {70, 4096, 1024, false}};
