@@ -108,7 +108,11 @@ void host_decode(WoScale s, int64_t n, int64_t k, const std::vector<uint8_t>& pk
   int bits[16][6];
   if (s == WoScale::kMx6E2M3) fp6_stream_bits<WoScale::kMx6E2M3>(bits);
   if (s == WoScale::kMx6E3M2) fp6_stream_bits<WoScale::kMx6E3M2>(bits);
-  static const int fp4_bits[4][4] = {{15, 8, 7, 6}, {12, 5, 4, 3}, {9, 2, 1, 0}, {11, 14, 13, 10}};
+  // jax_gmma.weightonly.FP4_PAIR_BITS: [pair][half] = bit positions of (sign, c2, c1, c0)
+  static const int fp4_bits[4][2][4] = {{{15, 8, 7, 6}, {31, 24, 23, 22}},
+                                        {{11, 4, 3, 2}, {27, 20, 19, 18}},
+                                        {{5, 30, 29, 28}, {21, 14, 13, 12}},
+                                        {{9, 10, 1, 0}, {25, 26, 17, 16}}};
   w.assign(n * k, 0.0);
   for (int64_t st = 0; st < n / 16; ++st)
     for (int64_t j = 0; j < ks; ++j) {
@@ -126,10 +130,9 @@ void host_decode(WoScale s, int64_t n, int64_t k, const std::vector<uint8_t>& pk
               uint32_t sign, mag;
               if (!fp6) {
                 const uint32_t wd = words[q];
-                const int* bb = fp4_bits[i];
-                sign = (wd >> (bb[0] + 16 * half)) & 1;
-                mag = (((wd >> (bb[1] + 16 * half)) & 1) << 2) | (((wd >> (bb[2] + 16 * half)) & 1) << 1) |
-                      ((wd >> (bb[3] + 16 * half)) & 1);
+                const int* bb = fp4_bits[i][half];
+                sign = (wd >> bb[0]) & 1;
+                mag = (((wd >> bb[1]) & 1) << 2) | (((wd >> bb[2]) & 1) << 1) | ((wd >> bb[3]) & 1);
               } else {
                 const int G = q >> 1, v = 4 * (q & 1) + i, e = 2 * v + half;
                 uint32_t code = 0;
@@ -384,9 +387,72 @@ int verify_shapes(jax_gmma::WoScale fmt, const char* name, int64_t n, int64_t k,
   return bad;
 }
 
+// One point, for ncu and quick checks: ./wo_bench one FMT M N K [ROWS TOKENS KWARPS] [ITERS]
+// (ROWS 0 = the pick). Prints the time like the sweep.
+int time_one(int argc, char** argv) {
+  using namespace jax_gmma;
+  if (argc < 6) {
+    std::fprintf(stderr, "usage: wo_bench one FMT M N K [ROWS TOKENS KWARPS] [ITERS]\n");
+    return 2;
+  }
+  const char* name = argv[2];
+  WoScale s = WoScale::kNv16;
+  if (std::strcmp(name, "mxfp4") == 0) s = WoScale::kMx32;
+  else if (std::strcmp(name, "mxfp6_e2m3") == 0) s = WoScale::kMx6E2M3;
+  else if (std::strcmp(name, "mxfp6_e3m2") == 0) s = WoScale::kMx6E3M2;
+  else if (std::strcmp(name, "nvfp4") != 0) { std::fprintf(stderr, "unknown format %s\n", name); return 2; }
+  WoArgs a;
+  a.m = std::atoll(argv[3]); a.n = std::atoll(argv[4]); a.k = std::atoll(argv[5]); a.scale = s;
+  if (argc > 8 && std::atoi(argv[6]) > 0) {
+    a.rows_per_cta = std::atoi(argv[6]); a.tokens_per_cta = std::atoi(argv[7]); a.k_warps = std::atoi(argv[8]);
+  }
+  const int iters = argc > 9 ? std::atoi(argv[9]) : 200;
+  const int64_t wbytes = a.n * a.k / 1024 * weightonly_tile_bytes(s);
+  const int64_t sbytes = a.n * a.k / 1024 * weightonly_scale_bytes(s);
+  const int copies = (int)((256LL << 20) / (wbytes + sbytes)) + 2;
+  std::vector<void*> w(copies), sc(copies);
+  for (int c = 0; c < copies; ++c) {
+    CHECK(cudaMalloc(&w[c], wbytes));
+    CHECK(cudaMalloc(&sc[c], sbytes));
+    CHECK(cudaMemset(w[c], 0x35, wbytes));
+    CHECK(cudaMemset(sc[c], s == WoScale::kNv16 ? 0x98 : 127, sbytes));
+  }
+  void *x, *d;
+  CHECK(cudaMalloc(&x, a.m * a.k * 2));
+  CHECK(cudaMemset(x, 0x3f, a.m * a.k * 2));
+  CHECK(cudaMalloc(&d, a.m * a.n * 4));
+  a.x = x; a.d = d;
+  a.w_packed = w[0]; a.w_scales = sc[0];
+  if (const char* err = weightonly_check(a)) { std::fprintf(stderr, "rejected: %s\n", err); return 2; }
+  const WoCta c = weightonly_resolve(a);
+  for (int i = 0; i < copies; ++i) {
+    a.w_packed = w[i]; a.w_scales = sc[i];
+    CHECK(weightonly_run(a, 0));
+  }
+  cudaEvent_t e0, e1;
+  CHECK(cudaEventCreate(&e0));
+  CHECK(cudaEventCreate(&e1));
+  CHECK(cudaEventRecord(e0));
+  for (int i = 0; i < iters; ++i) {
+    a.w_packed = w[i % copies]; a.w_scales = sc[i % copies];
+    weightonly_run(a, 0);
+  }
+  CHECK(cudaEventRecord(e1));
+  CHECK(cudaEventSynchronize(e1));
+  CHECK(cudaGetLastError());
+  float ms_total = 0;
+  CHECK(cudaEventElapsedTime(&ms_total, e0, e1));
+  const double us = ms_total * 1e3 / iters;
+  std::printf("%-10s N=%6lld K=%6lld M=%2lld cta %3dx%2d kw%d  %8.2f us  %6.0f GB/s\n", name,
+              (long long)a.n, (long long)a.k, (long long)a.m, c.rows, c.tokens, c.k_warps, us,
+              (wbytes + sbytes) / (us * 1e-6) / 1e9);
+  return 0;
+}
+
 int main(int argc, char** argv) {
   using namespace jax_gmma;
   if (argc > 1 && std::strcmp(argv[1], "unpack") == 0) return unpack_bench::run(argc, argv);
+  if (argc > 1 && std::strcmp(argv[1], "one") == 0) return time_one(argc, argv);
   struct Shape { int64_t n, k; };
   const Shape shapes[] = {{28672, 8192}, {8192, 8192}, {8192, 28672}, {4096, 14336}};
   const int ms[] = {1, 4, 16, 64};
