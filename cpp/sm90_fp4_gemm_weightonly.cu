@@ -47,18 +47,18 @@ constexpr int kTileBytes = 512;  // 16 rows x 64 K of e2m1 codes
 
 // e2m1 pair -> bf16x2 of (value * 2^-126): sign at bit 15 (31), magnitude e1 e0 m at bits 8..6
 // (24..22). The prepared layout puts the four pairs of a word where the cheapest extraction
-// finds them: pair 0 in place, pairs 1 and 2 one rotate away, pair 3 split (see the layout
-// table in jax_gmma/weightonly.py).
+// finds them (the layout table in jax_gmma/weightonly.py): pair 0 in place, pair 1 a left shift
+// away, pair 2 a rotate away, pair 3 in two pieces. Left shifts are written as multiplies so
+// that they run on the FMA pipe (IMAD.SHL), not on the logic pipe this kernel leans on: 5 LOP3 +
+// 2 SHF + 2 IMAD per 8 weights (the previous layout needed 6 LOP3 + 2 SHF + 3 IMAD; 1-6% faster
+// on the H200, benchmarks/results/2026-11-30-h200/session12/wo_layout).
 constexpr uint32_t kPairMask = 0x81C081C0u;
 __device__ __forceinline__ uint32_t e2m1_pair0(uint32_t w) { return w & kPairMask; }
-// No kPairMask bit is below bit 6, so rotl(w, 3 or 6) & kPairMask == (w << 3 or 6) & kPairMask;
-// written as multiplies, the shifts run on the FMA pipe (IMAD.SHL), not on the logic pipe that
-// bounds this kernel (ncu on the H200: ALU pipe 76% busy).
-__device__ __forceinline__ uint32_t e2m1_pair1(uint32_t w) { return (w * 8u) & kPairMask; }
-__device__ __forceinline__ uint32_t e2m1_pair2(uint32_t w) { return (w * 64u) & kPairMask; }
+__device__ __forceinline__ uint32_t e2m1_pair1(uint32_t w) { return (w * 16u) & kPairMask; }
+__device__ __forceinline__ uint32_t e2m1_pair2(uint32_t w) { return __funnelshift_l(w, w, 10) & kPairMask; }
 __device__ __forceinline__ uint32_t e2m1_pair3(uint32_t w) {
-  // e1 e0 at bits 14..13 (30..29), m at 10 (26), sign at 11 (27).
-  return ((w >> 6) & 0x01800180u) | ((w >> 4) & 0x00400040u) | ((w << 4) & 0x80008000u);
+  // sign and c1 c0 6 bits below their places (9, 1, 0 | 25, 17, 16), c2 2 bits above (10 | 26)
+  return ((w * 64u) & 0x80C080C0u) | ((w >> 2) & 0x01000100u);
 }
 
 // The bf16x2 multiplier (F, F) of one row from its scale code (byte `which` of `sc`).
@@ -200,9 +200,10 @@ cudaError_t dispatch_tile(const WoArgs& a, const WoCta& c, cudaStream_t stream) 
 WoCta weightonly_pick(int64_t m, int64_t n, int64_t k, WoScale scale) {
   // Measured on the H200, every shape of kWoCtaShapes at N x K = 28672 x 8192, 8192 x 8192,
   // 8192 x 28672, 4096 x 14336 and M = 1, 4, 16, 64 (tools/bench_weightonly_kernel.cu;
-  // benchmarks/results/2026-11-30-h200/session8/wo_cta_shapes). The K split sets how many
-  // warps stream the weights at once: small N wants more warps per 16-row strip (16 at
-  // N = 4096), large N fewer (4 at N = 28672: fewer, longer-lived CTAs, a shorter tail).
+  // benchmarks/results/2026-11-30-h200/session8/wo_cta_shapes, session12/wo_layout). The K
+  // split sets how many warps stream the weights at once: small N wants more warps per 16-row
+  // strip (16 at N = 4096), large N fewer (2 at N = 28672: 1792 two-warp CTAs are one wave,
+  // no tail; 4 warps 2.7% slower for NVFP4, equal for MXFP4).
   // 16 tokens: 32 rows per CTA halves the activation reads per weight byte at large N.
   const int64_t strips = n / 16;
   const bool fp6 = scale == WoScale::kMx6E2M3 || scale == WoScale::kMx6E3M2;
@@ -211,7 +212,7 @@ WoCta weightonly_pick(int64_t m, int64_t n, int64_t k, WoScale scale) {
   if (!fp6) {
     if (m <= 8) {
       c.rows = 16;
-      c.k_warps = strips <= 256 ? 16 : (strips <= 1024 ? 8 : 4);
+      c.k_warps = strips <= 256 ? 16 : (strips <= 1024 ? 8 : (strips < 1536 ? 4 : 2));
     } else if (m <= 16) {
       c.rows = strips >= 1024 ? 32 : 16;
       c.k_warps = strips >= 1024 ? 2 : (strips >= 512 ? 4 : 8);

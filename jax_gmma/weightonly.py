@@ -25,9 +25,9 @@ Use::
   (row ``r_h``), half ``kk % 2``, at these bit positions (s, c2, c1, c0)::
 
       pair 0: (15, 8, 7, 6)    | (31, 24, 23, 22)    extracted as w & 0x81C081C0
-      pair 1: (12, 5, 4, 3)    | (28, 21, 20, 19)    rotl(w, 3) & 0x81C081C0
-      pair 2: ( 9, 2, 1, 0)    | (25, 18, 17, 16)    rotl(w, 6) & 0x81C081C0
-      pair 3: (11, 14, 13, 10) | (27, 30, 29, 26)    three shifts and masks
+      pair 1: (11, 4, 3, 2)    | (27, 20, 19, 18)    (w << 4) & 0x81C081C0
+      pair 2: ( 5, 30, 29, 28) | (21, 14, 13, 12)    rotl(w, 10) & 0x81C081C0
+      pair 3: ( 9, 10, 1, 0)   | (25, 26, 17, 16)    ((w << 6) & 0x80C080C0) | ((w >> 2) & 0x01000100)
 
   (0x81C081C0 puts each code's sign at bf16 bit 15 and its magnitude at bits 8..6: the bf16
   number value * 2^-126.)
@@ -133,7 +133,7 @@ TILE_K = 64
 #: mirror of kWoCtaShapes (cpp/include/jax_gmma/weightonly_common.cuh).
 CTA_SHAPES = (
     (16, 8, 8), (16, 16, 8), (32, 8, 8), (32, 16, 8), (64, 8, 8), (64, 16, 8),
-    (16, 8, 16), (16, 8, 4), (16, 16, 4), (32, 16, 4), (32, 16, 2), (64, 16, 2),
+    (16, 8, 16), (16, 8, 4), (16, 16, 4), (32, 16, 4), (32, 16, 2), (64, 16, 2), (16, 8, 2),
 )
 ROWS_CHOICES = (16, 32, 64)
 TOKENS_CHOICES = (8, 16)
@@ -141,12 +141,17 @@ K_WARPS_CHOICES = (16, 8, 4, 2)
 
 
 #: Bit positions (sign, c2, c1, c0) of value (h, kk) of a word, indexed [h * 4 + kk].
+#: FP4_PAIR_BITS[pair][half]: the layout table above (mirrored by tools/bench_weightonly_kernel.cu).
+FP4_PAIR_BITS = (
+    ((15, 8, 7, 6), (31, 24, 23, 22)),
+    ((11, 4, 3, 2), (27, 20, 19, 18)),
+    ((5, 30, 29, 28), (21, 14, 13, 12)),
+    ((9, 10, 1, 0), (25, 26, 17, 16)),
+)
 _BITS = {}
 for _h in range(2):
   for _kk in range(4):
-    _pair, _half = _h + 2 * (_kk // 2), _kk % 2
-    _lo = {0: (15, 8, 7, 6), 1: (12, 5, 4, 3), 2: (9, 2, 1, 0), 3: (11, 14, 13, 10)}[_pair]
-    _BITS[_h * 4 + _kk] = tuple(b + 16 * _half for b in _lo)
+    _BITS[_h * 4 + _kk] = FP4_PAIR_BITS[_h + 2 * (_kk // 2)][_kk % 2]
 assert sorted(b for v in _BITS.values() for b in v) == list(range(32))
 
 #: FP6 extraction pieces: FP6_PIECES[fmt][v] lists (lo, hi, r, shl, mask) for bf16x2 pair v of a
@@ -594,12 +599,12 @@ def unpack(w: PackedWeight, dtype=jnp.bfloat16, row_exp=None) -> jax.Array:
 def pick_cta(m: int, n: int, k: int, fmt: str) -> tuple:
   """(rows per CTA, tokens per CTA, warps splitting K) the kernel picks for (M, N, K) and the
   weight format (mirrors weightonly_pick in cpp/sm90_fp4_gemm_weightonly.cu; measured on the
-  H200, benchmarks/results/2026-11-30-h200/session8/wo_cta_shapes)."""
+  H200, benchmarks/results/2026-11-30-h200/session8/wo_cta_shapes and session12/wo_layout)."""
   strips = n // 16
   tokens = 8 if m <= 8 else 16
   if fmt in ("nvfp4", "mxfp4"):
     if m <= 8:
-      rows, kw = 16, (16 if strips <= 256 else 8 if strips <= 1024 else 4)
+      rows, kw = 16, (16 if strips <= 256 else 8 if strips <= 1024 else 4 if strips < 1536 else 2)
     elif m <= 16:
       rows = 32 if strips >= 1024 else 16
       kw = 2 if strips >= 1024 else 4 if strips >= 512 else 8

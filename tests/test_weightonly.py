@@ -56,9 +56,9 @@ def test_layout_bit_positions():
         for h in range(2):
           for kk in range(4):
             pair, half = h + 2 * (kk // 2), kk % 2
-            pos = {0: (15, 8, 7, 6), 1: (12, 5, 4, 3), 2: (9, 2, 1, 0), 3: (11, 14, 13, 10)}[pair]
-            got = sum(((int(words[g, t, qq]) >> (b + 16 * half)) & 1) << (3 - i)
-                      for i, b in enumerate(pos))
+            pos = {0: ((15, 8, 7, 6), (31, 24, 23, 22)), 1: ((11, 4, 3, 2), (27, 20, 19, 18)),
+                   2: ((5, 30, 29, 28), (21, 14, 13, 12)), 3: ((9, 10, 1, 0), (25, 26, 17, 16))}[pair][half]
+            got = sum(((int(words[g, t, qq]) >> b) & 1) << (3 - i) for i, b in enumerate(pos))
             want = data_codes[g + 8 * h, 16 * t + 4 * qq + kk]
             assert got == want, (g, t, qq, h, kk)
 
@@ -350,7 +350,8 @@ def test_fp8_route_errors():
 def test_pick_cta():
   # FP4: the K split follows N (more warps per strip at small N), 32-row CTAs at 16 tokens
   # for large N, 32 rows x 2 warps along K beyond 16 tokens.
-  assert wo.pick_cta(1, 28672, 8192, "nvfp4") == (16, 8, 4)
+  assert wo.pick_cta(1, 28672, 8192, "nvfp4") == (16, 8, 2)
+  assert wo.pick_cta(1, 16 * 1200, 8192, "mxfp4") == (16, 8, 4)
   assert wo.pick_cta(4, 8192, 8192, "mxfp4") == (16, 8, 8)
   assert wo.pick_cta(1, 4096, 14336, "nvfp4") == (16, 8, 16)
   assert wo.pick_cta(16, 28672, 8192, "nvfp4") == (32, 16, 2)
@@ -374,7 +375,7 @@ def test_pick_cta():
         c = wo.pick_cta(m, n, 8192, fmt)
         assert c in wo.CTA_SHAPES and n % c[0] == 0, (fmt, m, n, c)
   # forcing: unset fields from the pick, k_warps 8 when rows / tokens are forced
-  assert wo.resolve_cta(1, 28672, 8192, "nvfp4") == (16, 8, 4)
+  assert wo.resolve_cta(1, 28672, 8192, "nvfp4") == (16, 8, 2)
   assert wo.resolve_cta(1, 28672, 8192, "nvfp4", rows=32) == (32, 8, 8)
   assert wo.resolve_cta(1, 28672, 8192, "nvfp4", k_warps=16) == (16, 8, 16)
 

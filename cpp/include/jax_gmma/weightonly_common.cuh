@@ -262,6 +262,7 @@ constexpr WoCtaShape kWoCtaShapes[] = {
     {1, 1, 8, 1}, {1, 2, 8, 1}, {2, 1, 8, 1}, {2, 2, 8, 1}, {4, 1, 8, 1}, {4, 2, 8, 1},
     // the weightonly_pick shapes with other K splits (tools/bench_weightonly_kernel.cu)
     {1, 1, 16, 1}, {1, 1, 4, 1}, {1, 2, 4, 1}, {2, 2, 4, 1}, {2, 2, 2, 1}, {1, 2, 2, 4},
+    {1, 1, 2, 1},
 };
 constexpr int kWoCtaShapeCount = static_cast<int>(sizeof(kWoCtaShapes) / sizeof(kWoCtaShapes[0]));
 
