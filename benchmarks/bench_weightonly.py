@@ -18,10 +18,13 @@ Implementations (same process, same run; every one gets bf16 activations in and 
   xla_dequant_nvfp4  what JAX users write today: jnp.dot(x, jax_gmma.dequantize(w_q).astype(bf16).T)
                      inside the jitted step (XLA fuses the dequantize, then a bf16 GEMM).
 
-Decode suite: chains of 32 dependent GEMMs per jitted call (x_{i+1} = out_i tiled to K, so XLA
-cannot merge calls), cycling over enough distinct weight copies to exceed the 60 MB L2; reported
-per GEMM, with the streamed weight bytes per second (FP4: packed codes + scale codes). Prefill
-suite: single GEMMs at M = 4096, distinct weights rotated.
+Decode suite: chains of 32 dependent GEMMs per jitted call (x_{i+1} is made from out_i, so XLA
+cannot merge calls: by default the first M*K elements of out_i, a contiguous prefix that costs no
+kernel; --glue columns takes out_i[:, :K] as before session 12, a copy kernel per step for the
+bf16-input impls when M > 1 and N > K), cycling over enough distinct weight copies to exceed the
+60 MB L2; reported per GEMM, with the streamed weight bytes per second (FP4: packed codes + scale
+codes) and the kernel-launching ops per chain (32 when the glue adds none). --decode-shapes /
+--decode-ms narrow the suite. Prefill suite: single GEMMs at M = 4096, distinct weights rotated.
 """
 from __future__ import annotations
 
@@ -32,7 +35,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:  # `python -P` does not put the script's directory on sys.path
   sys.path.insert(0, _HERE)
 
-from bench_fp8 import F8, BF16, F32, TN, compile_jax, md_tail, time_jax  # noqa: E402
+from bench_fp8 import F8, BF16, F32, TN, _nk_list, compile_jax, md_tail, time_jax  # noqa: E402
 
 import argparse  # noqa: E402
 import datetime  # noqa: E402
@@ -67,20 +70,33 @@ for _i in FP8_ROUTE:
 FP8_X = ("ours_fp8", "xla_fp8", *FP8_ROUTE)  # impls whose activations are cast to FP8
 
 
-def _to_k(y, k):
-  """Next chain input: out (M, N) tiled/cut to (M, K), bf16."""
-  n = y.shape[1]
+GLUES = ("prefix", "columns")
+
+
+def _to_k(y, k, glue="prefix"):
+  """Next chain input (M, K) bf16 from out (M, N).
+
+  ``prefix`` (default): for N >= K the first M * K elements of out, a contiguous prefix of its
+  buffer that XLA passes on without a copy; ``columns`` (the method before session 12):
+  out[:, :K], a strided slice that takes a copy kernel between the GEMMs for M > 1 -- which the
+  FP8 impls fuse into their cast to FP8 and the bf16-input impls (ours weight-only, bf16, XLA
+  dequantize) pay as an extra kernel per step. N < K: out tiled along N, then cut (both glues).
+  """
+  m, n = y.shape
   if n < k:
     y = jnp.concatenate([y] * math.ceil(k / n), axis=1)
+    return y[:, :k].astype(BF16)
+  if glue == "prefix":
+    return y.reshape(-1)[:m * k].reshape(m, k).astype(BF16)
   return y[:, :k].astype(BF16)
 
 
-def _chain(step, k):
+def _chain(step, k, glue="prefix"):
   def chain(x, ws):
     out = None
     for i in range(CHAIN):
       out = step(x, ws[i % len(ws)])
-      x = _to_k(out, k)
+      x = _to_k(out, k, glue)
     return out
   return chain
 
@@ -137,6 +153,19 @@ def _wbytes(impl, n, k):
   return n * k // 2 + n * k // 16  # nvfp4 QuantizedArray read by the dequantize fusion
 
 
+def _entry_launches(compiled):
+  """Kernel-launching ops (fusions, custom calls, copies) in the compiled chain's entry
+  computation: 32 for a chain whose glue adds no kernel of its own."""
+  try:
+    text = compiled.as_text()
+  except Exception:  # pragma: no cover - informational only
+    return None
+  entry = text[text.find("\nENTRY"):]
+  entry = entry[:entry.find("\n}")]
+  return sum(1 for line in entry.splitlines()
+             if " fusion(" in line or " custom-call(" in line or " copy(" in line)
+
+
 def bench_decode(args, rows, fails, shapes, ms, impls):
   key = jax.random.PRNGKey(0)
   for n, k in shapes:
@@ -164,17 +193,18 @@ def bench_decode(args, rows, fails, shapes, ms, impls):
         err = float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
         if impl in TOL and not err < TOL[impl]:
           fails.append(f"decode {impl} {m}x{n}x{k}: rel_err {err:.2e}")
-        chain, calls = compile_jax(_chain(step, k), (x, ws))
+        chain, calls = compile_jax(_chain(step, k, args.glue), (x, ws))
+        launches = _entry_launches(chain)
         st = time_jax(chain, [(x, ws)], args.repeats, args.repeat_ms / 1e3)
         us = st["median_us"] / CHAIN
         row = dict(suite="decode", impl=impl, m=m, n=n, k=k, us=us, chain_us=st["median_us"],
                    weight_bytes=wb, gbps=wb / (us * 1e-6) / 1e9, rel_err=err, distinct_weights=d,
-                   lowered_to=calls)
+                   lowered_to=calls, glue=args.glue, launches_per_chain=launches)
         if impl.startswith("ours_") and impl != "ours_fp8":
           row["tile"] = wo.pick_cta(m, n, k, WO_IMPLS[impl])
         rows.append(row)
         print(f"  {m:3d}x{n}x{k} {impl:18s} {us:8.2f} us/GEMM {row['gbps']:7.0f} GB/s "
-              f"rel_err {err:.1e} [{', '.join(calls) or 'XLA'}]", flush=True)
+              f"rel_err {err:.1e} {launches} ops/chain [{', '.join(calls) or 'XLA'}]", flush=True)
         del chain, one
       del ws
 
@@ -257,6 +287,16 @@ def _table(rows, suite):
   return f"### {suite}\n\n" + "\n".join(lines) + "\n"
 
 
+def _int_list(v):
+  try:
+    out = tuple(int(c) for c in v.split(",") if c)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"expected integers separated by commas, got {v!r}")
+  if not out or min(out) < 1:
+    raise argparse.ArgumentTypeError(f"expected positive integers, got {v!r}")
+  return out
+
+
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--suite", default="smoke", choices=["smoke", "decode", "prefill", "all"])
@@ -270,6 +310,13 @@ def main(argv=None):
                  "xla_fp8,bf16,xla_dequant_nvfp4,ours_mxfp4_fp8,ours_mxfp6_e2m3_fp8,ours_mxfp6_e3m2_fp8",
                  help="the *_fp8 impls (FP8 activations through the FP8 prefill route) run in the "
                       "prefill suite only")
+  p.add_argument("--glue", choices=GLUES, default="prefix",
+                 help="decode chains: how out (M, N) becomes the next x (M, K) (see _to_k; "
+                      "'columns' is the method before session 12)")
+  p.add_argument("--decode-shapes", type=_nk_list, default=DECODE_SHAPES,
+                 help="decode suite: N:K list, e.g. 28672:8192,8192:8192 (as bench_fp8.py)")
+  p.add_argument("--decode-ms", type=_int_list, default=DECODE_MS,
+                 help="decode suite: token counts, e.g. 1,4,16")
   args = p.parse_args(argv)
   impls = args.impls.split(",")
   rows, fails = [], []
@@ -278,14 +325,15 @@ def main(argv=None):
   if args.suite == "smoke":
     bench_decode(args, rows, fails, ((4096, 4096),), (1, 16), [i for i in impls if i not in FP8_ROUTE])
   if args.suite in ("decode", "all"):
-    bench_decode(args, rows, fails, DECODE_SHAPES, DECODE_MS, [i for i in impls if i not in FP8_ROUTE])
+    bench_decode(args, rows, fails, args.decode_shapes, args.decode_ms,
+                 [i for i in impls if i not in FP8_ROUTE])
   if args.suite in ("prefill", "all"):
     for m in (int(v) for v in args.prefill_ms.split(",") if v):
       bench_prefill(args, rows, fails, PREFILL_SHAPES,
                     [i for i in impls if i != "xla_dequant_nvfp4"], m=m)
   os.makedirs(args.out, exist_ok=True)
   meta = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              device=dev.device_kind, jax=jax.__version__, chain=CHAIN, suite=args.suite)
+              device=dev.device_kind, jax=jax.__version__, chain=CHAIN, suite=args.suite, glue=args.glue)
   with open(os.path.join(args.out, "bench_weightonly.json"), "w") as f:
     json.dump(dict(meta=meta, rows=rows, failures=fails), f, indent=1, default=str)
   md = (f"# FP4 / FP6 weight-only GEMM ({meta['device']}, {meta['date']}, jax {meta['jax']})\n\n"

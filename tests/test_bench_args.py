@@ -1,5 +1,5 @@
 """Argument parsing of benchmarks/bench_fp8.py (CPU): --decode-shapes N:K lists, --large-configs
-specs and --large-shapes lists."""
+specs and --large-shapes lists; benchmarks/bench_weightonly.py's decode options and chain glue."""
 import argparse
 import importlib.util
 import os
@@ -53,3 +53,41 @@ def test_large_shapes_parse():
   for bad in ("4096x2112", "4096x2112x7168x1", "ax2x3"):
     with pytest.raises(argparse.ArgumentTypeError, match="is not MxNxK"):
       b._mnk_list(bad)
+
+
+def _bench_weightonly():
+  sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+  try:
+    spec = importlib.util.spec_from_file_location(
+        "bench_weightonly_under_test", os.path.join(ROOT, "benchmarks", "bench_weightonly.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+  finally:
+    sys.path.pop(0)
+
+
+def test_weightonly_decode_args():
+  b = _bench_weightonly()
+  p = argparse.ArgumentParser()
+  p.add_argument("--decode-shapes", type=b._nk_list)
+  p.add_argument("--decode-ms", type=b._int_list)
+  a = p.parse_args(["--decode-shapes", "28672:8192,8192:8192", "--decode-ms", "1,4"])
+  assert a.decode_shapes == [(28672, 8192), (8192, 8192)] and a.decode_ms == (1, 4)
+  for bad in ("0", "1,x", ""):
+    with pytest.raises(argparse.ArgumentTypeError):
+      b._int_list(bad)
+
+
+def test_weightonly_chain_glue():
+  """The decode chain's next input: 'prefix' takes the first M*K elements of the output (a
+  contiguous prefix), 'columns' its first K columns; N < K tiles the output either way."""
+  import numpy as np
+  b = _bench_weightonly()
+  y = np.arange(4 * 48, dtype=np.float32).reshape(4, 48)
+  pre = np.asarray(b._to_k(y, 32, "prefix"), np.float32)
+  col = np.asarray(b._to_k(y, 32, "columns"), np.float32)
+  np.testing.assert_array_equal(pre, y.reshape(-1)[:128].reshape(4, 32).astype(np.float32))
+  np.testing.assert_array_equal(col, y[:, :32])
+  small = np.asarray(b._to_k(y[:, :16], 40, "prefix"), np.float32)
+  np.testing.assert_array_equal(small, np.concatenate([y[:, :16]] * 3, axis=1)[:, :40])
