@@ -10,16 +10,21 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _bench_fp8():
+def _load_bench(name):
+  """benchmarks/<name>.py as a module (its directory on sys.path while it imports)."""
   sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
   try:
-    spec = importlib.util.spec_from_file_location("bench_fp8_under_test",
-                                                  os.path.join(ROOT, "benchmarks", "bench_fp8.py"))
+    spec = importlib.util.spec_from_file_location(f"{name}_under_test",
+                                                  os.path.join(ROOT, "benchmarks", f"{name}.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
   finally:
     sys.path.pop(0)
+
+
+def _bench_fp8():
+  return _load_bench("bench_fp8")
 
 
 def test_decode_shapes_parse():
@@ -56,15 +61,7 @@ def test_large_shapes_parse():
 
 
 def _bench_weightonly():
-  sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-  try:
-    spec = importlib.util.spec_from_file_location(
-        "bench_weightonly_under_test", os.path.join(ROOT, "benchmarks", "bench_weightonly.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-  finally:
-    sys.path.pop(0)
+  return _load_bench("bench_weightonly")
 
 
 def test_weightonly_decode_args():

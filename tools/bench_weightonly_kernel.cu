@@ -1,6 +1,6 @@
 // Kernel-level timing of the FP4 / FP6 weight-only GEMMs (cpp/sm90_fp{4,6}_gemm_weightonly.cu) for tuning:
 // no JAX, no correctness (tests/test_weightonly.py does that), CUDA events around back-to-back
-// launches on enough distinct weight copies to defeat the 50 MB L2. Build (CPU machine) and run:
+// launches on enough distinct weight copies to defeat the 60 MB L2. Build (CPU machine) and run:
 //
 //   nvcc -std=c++17 -O3 -DNDEBUG -gencode=arch=compute_90a,code=sm_90a -cudart static \
 //        -Icpp/include [-DJAX_GMMA_WO_DEPTH=4] tools/bench_weightonly_kernel.cu -o wo_bench
@@ -24,11 +24,66 @@
 
 #include "cuda_check.h"
 
+namespace timing {
+using jax_gmma::WoScale;
+
+// Prepared-weight copies of one N x K (codes 0x35, every block scale 1.0), enough of them to
+// exceed 256 MB, so that each timed launch streams its weight from HBM, not from the L2.
+struct WeightCopies {
+  int64_t wbytes, sbytes;
+  std::vector<void*> w, s;
+  WeightCopies(WoScale f, int64_t n, int64_t k)
+      : wbytes(n * k / 1024 * jax_gmma::weightonly_tile_bytes(f)),
+        sbytes(n * k / 1024 * jax_gmma::weightonly_scale_bytes(f)) {
+    const int copies = static_cast<int>((256LL << 20) / (wbytes + sbytes)) + 2;
+    w.resize(copies);
+    s.resize(copies);
+    for (int c = 0; c < copies; ++c) {
+      CHECK(cudaMalloc(&w[c], wbytes));
+      CHECK(cudaMalloc(&s[c], sbytes));
+      CHECK(cudaMemset(w[c], 0x35, wbytes));
+      CHECK(cudaMemset(s[c], f == WoScale::kNv16 ? 0x98 : 127, sbytes));
+    }
+  }
+  ~WeightCopies() {
+    for (size_t c = 0; c < w.size(); ++c) {
+      cudaFree(w[c]);
+      cudaFree(s[c]);
+    }
+  }
+  int count() const { return static_cast<int>(w.size()); }
+};
+
+// Microseconds per launch: launch(w, s) once per copy (warm-up), then `iters` times cycling
+// through the copies between two CUDA events.
+template <class Launch>
+double us_per_launch(const WeightCopies& wc, int iters, Launch&& launch) {
+  for (int i = 0; i < wc.count(); ++i) CHECK(launch(wc.w[i], wc.s[i]));
+  cudaEvent_t e0, e1;
+  CHECK(cudaEventCreate(&e0));
+  CHECK(cudaEventCreate(&e1));
+  CHECK(cudaEventRecord(e0));
+  for (int i = 0; i < iters; ++i) launch(wc.w[i % wc.count()], wc.s[i % wc.count()]);
+  CHECK(cudaEventRecord(e1));
+  CHECK(cudaEventSynchronize(e1));
+  CHECK(cudaGetLastError());
+  float ms = 0;
+  CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  CHECK(cudaEventDestroy(e0));
+  CHECK(cudaEventDestroy(e1));
+  return ms * 1e3 / iters;
+}
+
+struct Fmt { const char* name; WoScale s; };
+constexpr Fmt kFormats[] = {{"nvfp4", WoScale::kNv16}, {"mxfp4", WoScale::kMx32},
+                            {"mxfp6_e2m3", WoScale::kMx6E2M3}, {"mxfp6_e3m2", WoScale::kMx6E3M2}};
+
+}  // namespace timing
+
 
 namespace unpack_bench {
 using namespace jax_gmma;
-
-struct Fmt { const char* name; WoScale s; };
+using timing::Fmt;
 
 // e4m3 code of x: round to nearest even, saturating to +-448 (cvt.rn.satfinite); x finite.
 uint8_t e4m3_rn_sat(double x) {
@@ -256,16 +311,7 @@ int64_t verify(const Fmt& f, int64_t n, int64_t k, uint32_t seed) {
 }
 
 void time_shape(const Fmt& f, int64_t n, int64_t k, int iters) {
-  const int64_t wbytes = n * k / 1024 * weightonly_tile_bytes(f.s);
-  const int64_t sbytes = n * k / 1024 * weightonly_scale_bytes(f.s);
-  const int copies = (int)((256LL << 20) / (wbytes + sbytes)) + 2;
-  std::vector<void*> w(copies), s(copies);
-  for (int c = 0; c < copies; ++c) {
-    CHECK(cudaMalloc(&w[c], wbytes));
-    CHECK(cudaMalloc(&s[c], sbytes));
-    CHECK(cudaMemset(w[c], 0x35, wbytes));
-    CHECK(cudaMemset(s[c], f.s == WoScale::kNv16 ? 0x98 : 127, sbytes));
-  }
+  const timing::WeightCopies wc(f.s, n, k);
   void *out, *rexp;
   CHECK(cudaMalloc(&out, 2 * n * k));
   CHECK(cudaMalloc(&rexp, 4 * n));
@@ -277,37 +323,17 @@ void time_shape(const Fmt& f, int64_t n, int64_t k, int iters) {
     WoUnpackArgs a;
     a.n = n; a.k = k; a.scale = f.s; a.out = out; a.out_fp8 = fp8;
     a.row_exp = static_cast<const int32_t*>(rexp);
-    a.w_packed = w[0]; a.w_scales = s[0];
+    a.w_packed = wc.w[0]; a.w_scales = wc.s[0];
     if (const char* why = weightonly_unpack_check(a)) { std::printf("check: %s\n", why); std::exit(1); }
-    for (int i = 0; i < copies; ++i) {
-      a.w_packed = w[i]; a.w_scales = s[i];
-      CHECK(weightonly_unpack_run(a, 0));
-    }
-    cudaEvent_t e0, e1;
-    CHECK(cudaEventCreate(&e0));
-    CHECK(cudaEventCreate(&e1));
-    CHECK(cudaEventRecord(e0));
-    for (int i = 0; i < iters; ++i) {
-      a.w_packed = w[i % copies]; a.w_scales = s[i % copies];
-      weightonly_unpack_run(a, 0);
-    }
-    CHECK(cudaEventRecord(e1));
-    CHECK(cudaEventSynchronize(e1));
-    CHECK(cudaGetLastError());
-    float ms_total = 0;
-    CHECK(cudaEventElapsedTime(&ms_total, e0, e1));
-    const double us = ms_total * 1e3 / iters;
+    const double us = timing::us_per_launch(wc, iters, [&](void* w, void* s) {
+      a.w_packed = w; a.w_scales = s;
+      return weightonly_unpack_run(a, 0);
+    });
     const int64_t obytes = n * k * (fp8 ? 1 : 2) + (fp8 ? 4 * n : 0);
     std::printf("unpack %-10s N=%6lld K=%6lld -> %-5s  %8.2f us  %6.0f GB/s  (read %.1f MB, write %.1f MB)\n",
                 f.name, (long long)n, (long long)k, fp8 ? "e4m3" : "bf16", us,
-                (wbytes + sbytes + obytes) / (us * 1e-6) / 1e9, (wbytes + sbytes) / 1e6,
+                (wc.wbytes + wc.sbytes + obytes) / (us * 1e-6) / 1e9, (wc.wbytes + wc.sbytes) / 1e6,
                 obytes / 1e6);
-    CHECK(cudaEventDestroy(e0));
-    CHECK(cudaEventDestroy(e1));
-  }
-  for (int c = 0; c < copies; ++c) {
-    CHECK(cudaFree(w[c]));
-    CHECK(cudaFree(s[c]));
   }
   CHECK(cudaFree(out));
   CHECK(cudaFree(rexp));
@@ -316,8 +342,7 @@ void time_shape(const Fmt& f, int64_t n, int64_t k, int iters) {
 int run(int argc, char** argv) {
   const int iters = argc > 2 ? std::atoi(argv[2]) : 50;
   const char* fsel = argc > 3 ? argv[3] : "all";
-  const Fmt fmts[] = {{"nvfp4", WoScale::kNv16}, {"mxfp4", WoScale::kMx32},
-                      {"mxfp6_e2m3", WoScale::kMx6E2M3}, {"mxfp6_e3m2", WoScale::kMx6E3M2}};
+  const auto& fmts = timing::kFormats;
   std::printf("unpack: %d tiles per warp, bf16 lane exchange %d, %d launches per point\n",
               wo_detail::kUnpackTiles, JAX_GMMA_WO_UNPACK_XCHG, iters);
   int64_t bad = 0;
@@ -396,56 +421,35 @@ int time_one(int argc, char** argv) {
     return 2;
   }
   const char* name = argv[2];
-  WoScale s = WoScale::kNv16;
-  if (std::strcmp(name, "mxfp4") == 0) s = WoScale::kMx32;
-  else if (std::strcmp(name, "mxfp6_e2m3") == 0) s = WoScale::kMx6E2M3;
-  else if (std::strcmp(name, "mxfp6_e3m2") == 0) s = WoScale::kMx6E3M2;
-  else if (std::strcmp(name, "nvfp4") != 0) { std::fprintf(stderr, "unknown format %s\n", name); return 2; }
+  const timing::Fmt* fmt = nullptr;
+  for (const auto& f : timing::kFormats)
+    if (std::strcmp(name, f.name) == 0) fmt = &f;
+  if (!fmt) { std::fprintf(stderr, "unknown format %s\n", name); return 2; }
+  const WoScale s = fmt->s;
   WoArgs a;
   a.m = std::atoll(argv[3]); a.n = std::atoll(argv[4]); a.k = std::atoll(argv[5]); a.scale = s;
   if (argc > 8 && std::atoi(argv[6]) > 0) {
     a.rows_per_cta = std::atoi(argv[6]); a.tokens_per_cta = std::atoi(argv[7]); a.k_warps = std::atoi(argv[8]);
   }
   const int iters = argc > 9 ? std::atoi(argv[9]) : 200;
-  const int64_t wbytes = a.n * a.k / 1024 * weightonly_tile_bytes(s);
-  const int64_t sbytes = a.n * a.k / 1024 * weightonly_scale_bytes(s);
-  const int copies = (int)((256LL << 20) / (wbytes + sbytes)) + 2;
-  std::vector<void*> w(copies), sc(copies);
-  for (int c = 0; c < copies; ++c) {
-    CHECK(cudaMalloc(&w[c], wbytes));
-    CHECK(cudaMalloc(&sc[c], sbytes));
-    CHECK(cudaMemset(w[c], 0x35, wbytes));
-    CHECK(cudaMemset(sc[c], s == WoScale::kNv16 ? 0x98 : 127, sbytes));
-  }
+  const timing::WeightCopies wc(s, a.n, a.k);
   void *x, *d;
   CHECK(cudaMalloc(&x, a.m * a.k * 2));
   CHECK(cudaMemset(x, 0x3f, a.m * a.k * 2));
   CHECK(cudaMalloc(&d, a.m * a.n * 4));
   a.x = x; a.d = d;
-  a.w_packed = w[0]; a.w_scales = sc[0];
+  a.w_packed = wc.w[0]; a.w_scales = wc.s[0];
   if (const char* err = weightonly_check(a)) { std::fprintf(stderr, "rejected: %s\n", err); return 2; }
   const WoCta c = weightonly_resolve(a);
-  for (int i = 0; i < copies; ++i) {
-    a.w_packed = w[i]; a.w_scales = sc[i];
-    CHECK(weightonly_run(a, 0));
-  }
-  cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
-  CHECK(cudaEventRecord(e0));
-  for (int i = 0; i < iters; ++i) {
-    a.w_packed = w[i % copies]; a.w_scales = sc[i % copies];
-    weightonly_run(a, 0);
-  }
-  CHECK(cudaEventRecord(e1));
-  CHECK(cudaEventSynchronize(e1));
-  CHECK(cudaGetLastError());
-  float ms_total = 0;
-  CHECK(cudaEventElapsedTime(&ms_total, e0, e1));
-  const double us = ms_total * 1e3 / iters;
+  const double us = timing::us_per_launch(wc, iters, [&](void* w, void* sc) {
+    a.w_packed = w; a.w_scales = sc;
+    return weightonly_run(a, 0);
+  });
   std::printf("%-10s N=%6lld K=%6lld M=%2lld cta %3dx%2d kw%d  %8.2f us  %6.0f GB/s\n", name,
               (long long)a.n, (long long)a.k, (long long)a.m, c.rows, c.tokens, c.k_warps, us,
-              (wbytes + sbytes) / (us * 1e-6) / 1e9);
+              (wc.wbytes + wc.sbytes) / (us * 1e-6) / 1e9);
+  CHECK(cudaFree(x));
+  CHECK(cudaFree(d));
   return 0;
 }
 
@@ -458,9 +462,8 @@ int main(int argc, char** argv) {
   const int ms[] = {1, 4, 16, 64};
   const int iters = argc > 1 ? std::atoi(argv[1]) : 200;
   const char* fsel = argc > 2 ? argv[2] : "nvfp4";
-  struct Fmt { const char* name; WoScale s; };
-  const Fmt fmts[] = {{"nvfp4", WoScale::kNv16}, {"mxfp4", WoScale::kMx32},
-                      {"mxfp6_e2m3", WoScale::kMx6E2M3}, {"mxfp6_e3m2", WoScale::kMx6E3M2}};
+  using timing::Fmt;
+  const auto& fmts = timing::kFormats;
   std::printf("depth fp4 %d fp6 %d, %d launches per point\n", JAX_GMMA_WO_DEPTH, JAX_GMMA_WO6_DEPTH, iters);
   int bad = 0;
   for (const Fmt& f : fmts) {
@@ -471,16 +474,7 @@ int main(int argc, char** argv) {
   for (const Fmt& f : fmts) {
     if (std::strcmp(fsel, "all") != 0 && std::strcmp(fsel, f.name) != 0) continue;
     for (const Shape& sh : shapes) {
-      const int64_t wbytes = sh.n * sh.k / 1024 * weightonly_tile_bytes(f.s);
-      const int64_t sbytes = sh.n * sh.k / 1024 * weightonly_scale_bytes(f.s);
-      const int copies = (int)((256LL << 20) / (wbytes + sbytes)) + 2;
-      std::vector<void*> w(copies), s(copies);
-      for (int c = 0; c < copies; ++c) {
-        CHECK(cudaMalloc(&w[c], wbytes));
-        CHECK(cudaMalloc(&s[c], sbytes));
-        CHECK(cudaMemset(w[c], 0x35, wbytes));                                // arbitrary codes
-        CHECK(cudaMemset(s[c], f.s == WoScale::kNv16 ? 0x98 : 127, sbytes));  // scale 1.0
-      }
+      const timing::WeightCopies wc(f.s, sh.n, sh.k);
       void *x, *d;
       CHECK(cudaMalloc(&x, 64 * sh.k * 2));
       CHECK(cudaMemset(x, 0x3f, 64 * sh.k * 2));
@@ -494,36 +488,17 @@ int main(int argc, char** argv) {
             a.rows_per_cta = c.rows(); a.tokens_per_cta = 8 * c.nt; a.k_warps = c.wk;
           }
           a.scale = f.s;
-          a.w_packed = w[0]; a.w_scales = s[0];
+          a.w_packed = wc.w[0]; a.w_scales = wc.s[0];
           if (weightonly_check(a)) continue;
           const WoCta c = weightonly_resolve(a);
-          cudaEvent_t e0, e1;
-          CHECK(cudaEventCreate(&e0));
-          CHECK(cudaEventCreate(&e1));
-          for (int i = 0; i < copies; ++i) {
-            a.w_packed = w[i % copies]; a.w_scales = s[i % copies];
-            CHECK(weightonly_run(a, 0));
-          }
-          CHECK(cudaEventRecord(e0));
-          for (int i = 0; i < iters; ++i) {
-            a.w_packed = w[i % copies]; a.w_scales = s[i % copies];
-            weightonly_run(a, 0);
-          }
-          CHECK(cudaEventRecord(e1));
-          CHECK(cudaEventSynchronize(e1));
-          float ms_total = 0;
-          CHECK(cudaEventElapsedTime(&ms_total, e0, e1));
-          const double us = ms_total * 1e3 / iters;
+          const double us = timing::us_per_launch(wc, iters, [&](void* w, void* s) {
+            a.w_packed = w; a.w_scales = s;
+            return weightonly_run(a, 0);
+          });
           std::printf("%-10s N=%6lld K=%6lld M=%2d cta %3dx%2d kw%d%s  %8.2f us  %6.0f GB/s\n", f.name,
                       (long long)sh.n, (long long)sh.k, m, c.rows, c.tokens, c.k_warps,
-                      ti < 0 ? " (pick)" : "       ", us, (wbytes + sbytes) / (us * 1e-6) / 1e9);
-          CHECK(cudaEventDestroy(e0));
-          CHECK(cudaEventDestroy(e1));
+                      ti < 0 ? " (pick)" : "       ", us, (wc.wbytes + wc.sbytes) / (us * 1e-6) / 1e9);
         }
-      }
-      for (int c = 0; c < copies; ++c) {
-        CHECK(cudaFree(w[c]));
-        CHECK(cudaFree(s[c]));
       }
       CHECK(cudaFree(x));
       CHECK(cudaFree(d));
