@@ -203,11 +203,20 @@ def fp6_stream_bits(fmt: str) -> np.ndarray:
 _FP6_SRC = {f: fp6_stream_bits(f) for f in FP6_FORMATS}
 
 
+#: Version of each format's prepared layout (PackedWeight.layout). FP4 2: session 12's bit
+#: positions (FP4_PAIR_BITS); a PackedWeight of another version (pickled or rebuilt from an older
+#: jax-gmma's pytree) is refused by every consumer instead of being decoded wrongly. Arrays saved
+#: without their PackedWeight carry no version: re-run :func:`prepare` on the original weights.
+LAYOUT_VERSION = {"nvfp4": 2, "mxfp4": 2, "mxfp6_e2m3": 1, "mxfp6_e3m2": 1}
+
+
 @jax.tree_util.register_pytree_node_class
 class PackedWeight:
   """An (N, K) weight in the Hopper weight-only kernel layout (see the module docstring).
 
-  Pytree children: (packed, scales, global_scale); static: (format name, n, k, fp8_exact).
+  Pytree children: (packed, scales, global_scale); static: (format name, n, k, fp8_exact,
+  layout). ``layout`` is the :data:`LAYOUT_VERSION` the bytes were written in (objects from
+  before versions existed count as 1).
 
   ``fp8_exact`` (MX formats): True when every weight is exactly an FP8 e4m3 number times a
   power-of-two scale per row (:data:`FP8_SPREAD`), so the prefill path may multiply it on FP8
@@ -216,25 +225,41 @@ class PackedWeight:
   weight was prepared under a trace). It is static (it picks the path at trace time), so weights
   stacked for ``lax.scan`` need equal flags: :meth:`with_fp8_exact` lowers one to False or None."""
 
-  __slots__ = ("packed", "scales", "global_scale", "format", "n", "k", "fp8_exact")
+  __slots__ = ("packed", "scales", "global_scale", "format", "n", "k", "fp8_exact", "layout")
 
   def __init__(self, packed, scales, global_scale, *, format: str, n: int, k: int,
-               fp8_exact: Optional[bool] = None):
+               fp8_exact: Optional[bool] = None, layout: Optional[int] = None):
     if format not in FORMATS:
       raise ValueError(f"PackedWeight: format must be one of {FORMATS}, got {format!r}")
     self.packed, self.scales, self.global_scale = packed, scales, global_scale
     self.format, self.n, self.k = format, int(n), int(k)
     self.fp8_exact = None if fp8_exact is None else bool(fp8_exact)
+    self.layout = LAYOUT_VERSION[format] if layout is None else int(layout)
 
   def tree_flatten(self):
-    return (self.packed, self.scales, self.global_scale), (self.format, self.n, self.k, self.fp8_exact)
+    return ((self.packed, self.scales, self.global_scale),
+            (self.format, self.n, self.k, self.fp8_exact, self.layout))
 
   @classmethod
   def tree_unflatten(cls, aux, children):
     obj = object.__new__(cls)
     obj.packed, obj.scales, obj.global_scale = children
-    obj.format, obj.n, obj.k, obj.fp8_exact = aux
+    obj.format, obj.n, obj.k, obj.fp8_exact = aux[:4]
+    obj.layout = aux[4] if len(aux) > 4 else 1
     return obj
+
+  def __setstate__(self, state):  # pickles of objects from before `layout` existed
+    slots = state[1] if isinstance(state, tuple) else state
+    for name in self.__slots__:
+      object.__setattr__(self, name, slots.get(name, 1 if name == "layout" else None))
+
+  def check_layout(self, who: str) -> None:
+    """Raise unless the bytes are in this jax-gmma's layout for the format."""
+    want = LAYOUT_VERSION[self.format]
+    if self.layout != want:
+      raise ValueError(f"{who}: this {self.format} PackedWeight was prepared in layout version "
+                       f"{self.layout}, this jax-gmma reads version {want} (the FP4 bit positions "
+                       "changed); run jax_gmma.weightonly.prepare on the original weight again")
 
   def with_fp8_exact(self, flag: Optional[bool]) -> "PackedWeight":
     """A copy with ``fp8_exact`` lowered to False or None (e.g. to stack weights whose flags
@@ -242,7 +267,7 @@ class PackedWeight:
     if flag is True and self.fp8_exact is not True:
       raise ValueError("PackedWeight.with_fp8_exact: only prepare() can set fp8_exact=True")
     return PackedWeight(self.packed, self.scales, self.global_scale, format=self.format, n=self.n,
-                        k=self.k, fp8_exact=flag)
+                        k=self.k, fp8_exact=flag, layout=self.layout)
 
   @property
   def padded_k(self) -> int:
@@ -258,7 +283,8 @@ class PackedWeight:
     return dequantize_packed(self, dtype)
 
   def __repr__(self) -> str:
-    return f"PackedWeight(format={self.format!r}, n={self.n}, k={self.k}, fp8_exact={self.fp8_exact})"
+    return (f"PackedWeight(format={self.format!r}, n={self.n}, k={self.k}, "
+            f"fp8_exact={self.fp8_exact}, layout={self.layout})")
 
 
 # -- preparation ------------------------------------------------------------------------------
@@ -331,6 +357,7 @@ def row_exponents(w: PackedWeight):
   channel by ``2^(e - 127)``."""
   if w.format not in FP8_SPREAD:
     raise ValueError(f"row_exponents: {w.format} has no FP8 view (MX formats only: {tuple(FP8_SPREAD)})")
+  w.check_layout("jax_gmma.weightonly.row_exponents")
   return _row_exp_impl(w.scales, w.format, w.n, w.k)
 
 
@@ -452,6 +479,7 @@ def _unpack_fp6(packed, fmt: str, n: int):
 
 def dequantize_packed(wp: PackedWeight, dtype=jnp.float32) -> jax.Array:
   """The (N, K) weight a PackedWeight holds, in float32 (then ``dtype``); any backend."""
+  wp.check_layout("jax_gmma.weightonly.dequantize_packed")
   return _dequant_impl(wp.packed, wp.scales, wp.global_scale, wp.format, wp.n, wp.k).astype(dtype)
 
 
@@ -585,6 +613,7 @@ def unpack(w: PackedWeight, dtype=jnp.bfloat16, row_exp=None) -> jax.Array:
   dtype: bfloat16 (exact for every format), or float8_e4m3fn for MX formats: row r holds
   ``w[r] * 2^(127 - row_exp[r])`` (``row_exp`` defaults to :func:`row_exponents`), exact when
   ``w.fp8_exact``."""
+  w.check_layout("jax_gmma.weightonly.unpack")
   dt = np.dtype(jnp.dtype(dtype))
   if dt == shapes.BF16:
     re = jnp.zeros((1,), jnp.int32)
@@ -707,6 +736,7 @@ def weightonly_gemm(x, w: PackedWeight, *, x_scale=None, bias=None, out_dtype=No
   if not isinstance(w, PackedWeight):
     raise TypeError(f"{who}: w must be a PackedWeight (jax_gmma.weightonly.prepare(w, 'nvfp4')), "
                     f"got {type(w).__name__}")
+  w.check_layout(who)
   x = jnp.asarray(x)
   xdt = np.dtype(x.dtype)
   if xdt not in X_DTYPES:

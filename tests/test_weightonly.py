@@ -568,3 +568,32 @@ def test_command_buffers_bit_identical_and_captured():
   # thunks go into command buffers; the unpack handler must be among the captured ones.
   print({k: v for k, v in forced.items() if k.endswith(("_captured", "_eager"))})
   assert forced["dequant_captured"] >= 1 and forced["fp8_captured"] >= 1, forced
+
+
+def test_layout_version_guard():
+  """A PackedWeight records the layout version of its bytes; one from an older layout (a pickle,
+  or a pytree rebuilt with the old 4-field aux data) is refused with a clear error by every
+  consumer instead of being decoded with the new bit positions."""
+  import pickle
+  w = _rng(11).standard_normal((32, 128)).astype(np.float32)
+  wp = wo.prepare(w, "nvfp4")
+  assert wp.layout == wo.LAYOUT_VERSION["nvfp4"] == 2 and "layout=2" in repr(wp)
+  assert wo.prepare(w, "mxfp6_e2m3").layout == 1
+  assert wp.with_fp8_exact(None).layout == 2
+  leaves, treedef = jax.tree_util.tree_flatten(wp)
+  assert jax.tree_util.tree_unflatten(treedef, leaves).layout == 2
+  assert pickle.loads(pickle.dumps(wp)).layout == 2
+  old = wo.PackedWeight.tree_unflatten(("nvfp4", wp.n, wp.k, False), (wp.packed, wp.scales, wp.global_scale))
+  assert old.layout == 1
+  state = (None, {n: getattr(wp, n) for n in wo.PackedWeight.__slots__ if n != "layout"})
+  old_pickle = object.__new__(wo.PackedWeight)
+  old_pickle.__setstate__(state)
+  assert old_pickle.layout == 1 and old_pickle.format == "nvfp4"
+  x = jnp.ones((2, 128), jnp.bfloat16)
+  for bad in (old, old_pickle):
+    with pytest.raises(ValueError, match="layout version 1"):
+      jax_gmma.weightonly_gemm(x, bad)
+    with pytest.raises(ValueError, match="layout version 1"):
+      wo.dequantize_packed(bad)
+    with pytest.raises(ValueError, match="layout version 1"):
+      wo.unpack(bad)
