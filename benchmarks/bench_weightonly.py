@@ -83,11 +83,10 @@ def _to_k(y, k, glue="prefix"):
   dequantize) pay as an extra kernel per step. N < K: out tiled along N, then cut (both glues).
   """
   m, n = y.shape
+  if n >= k and glue == "prefix":
+    return y.reshape(-1)[:m * k].reshape(m, k).astype(BF16)
   if n < k:
     y = jnp.concatenate([y] * math.ceil(k / n), axis=1)
-    return y[:, :k].astype(BF16)
-  if glue == "prefix":
-    return y.reshape(-1)[:m * k].reshape(m, k).astype(BF16)
   return y[:, :k].astype(BF16)
 
 
