@@ -27,6 +27,7 @@ int sm90_fp8_blockwise_1d2d_f32_entries(KernelEntry* out);
 int sm90_fp8_blockwise_1d1d_bf16_entries(KernelEntry* out);
 int sm90_fp8_blockwise_1d1d_f32_entries(KernelEntry* out);
 int sm90_mx_mxf8_entries(KernelEntry* out);  // cpp/sm90_mxf8_gemm_blockscaled.cu
+int sm90_mx_mxf8_stream_entries(KernelEntry* out);  // cpp/sm90_mxf8_gemm_blockscaled_stream.cu
 #endif
 // Blackwell block-scaled MX / NVFP4 families (cpp/sm100_mx_gemm_blockscaled_*.cu,
 // cpp/sm120_mx_gemm_blockscaled_*.cu): one fill function per (format pair, output dtype).
@@ -73,8 +74,9 @@ struct Table {
                       // Block-scaled family (1x128 / 128x128 float32 scales), e4m3 x e4m3.
                       &sm90_fp8_blockwise_1d2d_bf16_entries, &sm90_fp8_blockwise_1d2d_f32_entries,
                       &sm90_fp8_blockwise_1d1d_bf16_entries, &sm90_fp8_blockwise_1d1d_f32_entries,
-                      // MXFP8 x MXFP8 (E8M0 per 32 of K), a mainloop of our own.
-                      &sm90_mx_mxf8_entries}) {
+                      // MXFP8 x MXFP8 (E8M0 per 32 of K), a mainloop of our own, and the
+                      // weight-streaming decode kernel.
+                      &sm90_mx_mxf8_entries, &sm90_mx_mxf8_stream_entries}) {
       int n = fill(buf);
       entries.insert(entries.end(), buf, buf + n);
     }

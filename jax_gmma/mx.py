@@ -19,7 +19,11 @@ Paths (chosen at trace time, per the first CUDA device):
   groups), and for decode the "swap" configs ``..._swap_{128,64}x{16,32,64}`` (the weights
   stream through the wgmma M side in 128- or 64-row tiles -- 64 doubles the CTAs where N is
   small -- and the M tokens are its N side; ``..._swap_64x{16,32}_deep``: one CTA per SM with
-  16 pipeline stages, where the 64-row tiles make at most one wave). The promotion costs two float32
+  16 pipeline stages, where the 64-row tiles make at most one wave); and for a few tokens at
+  small N the weight-streaming kernel ``cpp/sm90_mxf8_gemm_blockscaled_stream.cu``
+  (``sm90_mxf8_stream_16x8_kw{2,4,8,16}``: 16 weight rows x 8 tokens per warp on mma.sync, K
+  split over 2-16 warps, the same per-block float32 promotion; its FP8 MMA runs as f16 MMAs on
+  sm_90, so its block sums are exact). The promotion costs two float32
   operations per accumulator element per 32 of K, so at large M the kernel is bound by the CUDA
   cores (~370 TFLOP/s on an H200) and the exact bf16 route below is faster: from
   ``M >= SM90_DEQUANT_MIN_M`` (512) ``mx_gemm`` takes path ``"dequant"`` on Hopper. Other
@@ -101,7 +105,9 @@ KERNELS = {
                              "sm90_mxf8_blockscaled_swap_128x32", "sm90_mxf8_blockscaled_swap_128x64",
                              "sm90_mxf8_blockscaled_swap_64x16", "sm90_mxf8_blockscaled_swap_64x32",
                              "sm90_mxf8_blockscaled_swap_64x64", "sm90_mxf8_blockscaled_swap_64x16_deep",
-                             "sm90_mxf8_blockscaled_swap_64x32_deep"),
+                             "sm90_mxf8_blockscaled_swap_64x32_deep", "sm90_mxf8_stream_16x8_kw2",
+                             "sm90_mxf8_stream_16x8_kw4", "sm90_mxf8_stream_16x8_kw8",
+                             "sm90_mxf8_stream_16x8_kw16"),
     },
     "sm_100a": {
         ("mxfp8", "mxfp8"): ("sm100_mxfp8xmxfp8_128x128x128_1sm", "sm100_mxfp8xmxfp8_256x128x128_2sm"),
@@ -376,6 +382,18 @@ def resolve_path(arch: Optional[str], problem: MxProblem, path: Optional[str]) -
 SM90_SMALL_N = 16384
 
 
+def select_sm90_stream_config(m: int, n: int) -> Optional[str]:
+  """The weight-streaming MXFP8 config for M tokens and N output columns where it beats the
+  wgmma configs on the H200 (benchmarks/results/2026-11-30-h200/session13/mxf8_stream/), else
+  None: M <= 4 with N <= 8192, M <= 8 with N <= 4096; 16 warps along K up to 132 strips of 16
+  rows (N <= 2112), 8 up to 256 (N <= 4096), else 4."""
+  if not (m <= 4 and n <= 8192 or m <= 8 and n <= 4096):
+    return None
+  strips = -(-n // 16)
+  kw = 16 if strips <= 132 else (8 if strips <= 256 else 4)
+  return f"sm90_mxf8_stream_16x8_kw{kw}"
+
+
 def select_sm90_config(m: int, n: int, sm_count: int = 132) -> str:
   """The Hopper MXFP8 config for M tokens and N output columns, measured on the H200 (kernel
   alone, K = 8192, N = 8192 and 28672; benchmarks/results/2026-11-30-h200/session10/ and
@@ -384,7 +402,13 @@ def select_sm90_config(m: int, n: int, sm_count: int = 132) -> str:
   ``_deep`` configs for M <= 32 when the 64-row tiles make at most one wave (N <= 64 x SMs:
   N = 8192, M = 1 / 16 / 32: 25.9 / 25.9 / 30.1 us vs 26.5 / 26.3 / 32.2); from M = 65 the
   128 x 128 tile, except for small N, where the swap 128 x 64 tile over two token tiles is
-  faster up to M = 128."""
+  faster up to M = 128. For M <= 4 and N <= 8192, and M <= 8 and N <= 4096, the weight-streaming
+  configs (session 13: 1 x 2112 x 7168 9.9 vs 21.8 us, 1 x 4096 x 7168 13.8 vs 22.3,
+  1 x 7168 x 16384 40.8 vs 46.4, 1 x 8192 x 8192 25.3 vs 25.9, 8 x 4096 x 7168 15.4 vs 22.3),
+  with more warps along K the fewer 16-row strips N has."""
+  stream = select_sm90_stream_config(m, n)
+  if stream:
+    return stream
   small = n <= SM90_SMALL_N
   deep = "_deep" if -(-n // 64) <= sm_count else ""
   if m <= 16:

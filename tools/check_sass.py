@@ -125,8 +125,16 @@ def main():
   # Block-scaled family (sm90 FP8 blockwise-scaling mainloop), counted apart.
   n_block = sum("BlockwiseFP8" in f.split("\n", 1)[0] for f in kernels)
   n_mx = sum("mxf8_gemm_kernel" in f.split("\n", 1)[0] for f in kernels)
+  # The MXFP8 weight-streaming decode kernels (mma.sync, no TMA): tensor-core MMAs, no spills.
+  stream = [f for f in funcs if "sm90_mxf8_stream" in f.split("\n", 1)[0]]
+  for f in stream:
+    name = f.split("\n", 1)[0][:80]
+    if not re.search(r"\bHMMA\b", f):
+      bad.append(f"{name}: no HMMA (mma.sync)")
+    if re.search(r"\bSTL\b", f):
+      bad.append(f"{name}: local-memory stores (register spills)")
   print(f"check_sass: {len(kernels)} GEMM kernels ({n_block} block-scaled 1x128, {n_mx} MXFP8), "
-        "all QGMMA + UTMALDG"
+        f"all QGMMA + UTMALDG; {len(stream)} MXFP8 streaming kernels, all HMMA"
         if not bad else "\n".join(bad))
   return 1 if bad or not kernels else 0
 
