@@ -262,7 +262,7 @@ const char* can_implement(const GemmArgs& g) {
   if (g.m <= 0 || g.n <= 0 || g.k <= 0) return "M, N and K must be positive";
   if (g.k % 32) return "K must be a multiple of 32 (the MX scale block)";
   if (g.m > INT32_MAX / 2 || g.n > INT32_MAX / 2 || g.k > INT32_MAX / 2) return "M, N and K must be below 2^30";
-  if ((g.n + 15) / 16 > INT32_MAX) return "N too large";
+  if ((g.m + 7) / 8 > 65535) return "M must be at most 524280 (8-token tiles on the grid's y)";
   if (g.a_global_scale || g.b_global_scale) return "MXFP8 has no global scale";
   return nullptr;
 }

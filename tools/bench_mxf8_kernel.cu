@@ -7,7 +7,8 @@
 //   ./mxf8_bench iters one CONFIG M N K   (one config at one shape, e.g. under ncu)
 //
 // Correctness: random e4m3 elements (every finite code) and E8M0 scales (a spread of 12
-// binades) in the swizzled 128x4-atom layout, float32 output poisoned with NaN before the
+// binades, plus code 0 = 2^-127 at three positions) in the swizzled 128x4-atom layout, float32
+// output poisoned with NaN before the
 // run, checked against a float64 host reference on every element (small shapes) or on 4096
 // sampled elements (large shapes): relative Frobenius error, exit code 1 above 3e-4 (the FP8
 // tensor core sums a 32-K block to about 2^-13 relative; measured ~1e-4). Then
@@ -19,6 +20,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "../cpp/sm90_mxf8_gemm_blockscaled.cu"
@@ -129,6 +131,13 @@ double check(const char* config, int64_t m, int64_t n, int64_t k, bool with_bias
   const KernelEntry* e = entry_for(config, DType::kF32);
   Operands o = make(m, n, k, 1, seed);
   const int64_t kb4 = (k / 32 + 3) / 4;
+  // E8M0 code 0 (2^-127, a float32 subnormal) at a few scale positions: the kernels' exact
+  // conversion paths, on K steps where only some lanes of a warp see such a code.
+  const uint8_t zero = 0;
+  const int64_t kbs = k / 32;
+  for (auto [sf, rows, r, kb] : {std::tuple<void*, int64_t, int64_t, int64_t>{o.asf[0], m, 2 % m, 3 % kbs},
+                                 {o.bsf[0], n, 5 % n, 2 % kbs}, {o.bsf[0], n, n - 1, kbs - 1}})
+    CHECK(cudaMemcpy(static_cast<uint8_t*>(sf) + sf_offset(r, kb, kb4), &zero, 1, cudaMemcpyHostToDevice));
   std::vector<uint8_t> ha(m * k), hb(n * k), hsa((m + 127) / 128 * 128 * kb4 * 4), hsb((n + 127) / 128 * 128 * kb4 * 4);
   CHECK(cudaMemcpy(ha.data(), o.a[0], ha.size(), cudaMemcpyDeviceToHost));
   CHECK(cudaMemcpy(hb.data(), o.b[0], hb.size(), cudaMemcpyDeviceToHost));
