@@ -40,8 +40,10 @@
 namespace jax_gmma::sm90_mxf8_stream {
 namespace {
 
+using wo_detail::from_float;
 using wo_detail::ld_stream8;
 using wo_detail::ring_k_loop;
+using wo_detail::to_float;
 using wo_detail::warp_ksteps;
 
 constexpr int kStepK = 128;     // one K step: four 32-K scale blocks, one 32-bit scale word
@@ -84,21 +86,6 @@ __device__ __forceinline__ uint32_t ld_u32_nc(const void* p) {
   uint32_t v;
   asm volatile("ld.global.nc.u32 %0, [%1];" : "=r"(v) : "l"(p));
   return v;
-}
-
-template <typename OutT>
-__device__ __forceinline__ OutT cast_out(float v);
-template <>
-__device__ __forceinline__ float cast_out<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ __nv_bfloat16 cast_out<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-template <typename OutT>
-__device__ __forceinline__ float bias_f(const OutT* p, int64_t n);
-template <>
-__device__ __forceinline__ float bias_f<float>(const float* p, int64_t n) { return p[n]; }
-template <>
-__device__ __forceinline__ float bias_f<__nv_bfloat16>(const __nv_bfloat16* p, int64_t n) {
-  return __bfloat162float(p[n]);
 }
 
 // One warp's weights of a K step: rows g / g + 8, four blocks of 8 bytes, and the rows' scale
@@ -253,8 +240,8 @@ __global__ void __launch_bounds__(WK * 32) stream_kernel(const Params p) {
     float sum = 0.f;
 #pragma unroll
     for (int w = 0; w < WK; ++w) sum += red[w][col][row];
-    if (bias) sum += bias_f<OutT>(bias, n);
-    d[tok * p.n + n] = cast_out<OutT>(sum);
+    if (bias) sum += to_float<OutT>(bias[n]);
+    d[tok * p.n + n] = from_float<OutT>(sum);
   }
 }
 
