@@ -286,8 +286,9 @@ KernelEntry entry(const char* name, DType d) {
 
 namespace jax_gmma {
 
-// The kernel table rows of this family (cpp/registry.cc): 16 weight rows x 8 tokens per CTA,
-// 2, 4, 8 or 16 warps splitting K, each for bfloat16 and float32 output.
+// The kernel table rows of this family (cpp/registry.cc): 16 weight rows x 8 tokens per CTA with
+// 2, 4, 8 or 16 warps splitting K, and 16 rows x 16 tokens (two 8-token MMA tiles per warp,
+// one weight fragment) with 4 or 8; each for bfloat16 and float32 output.
 int sm90_mx_mxf8_stream_entries(KernelEntry* out) {
   using namespace sm90_mxf8_stream;
   int n = 0;
@@ -298,6 +299,8 @@ int sm90_mx_mxf8_stream_entries(KernelEntry* out) {
   JG_ENTRY("sm90_mxf8_stream_16x8_kw4", 1, 4)
   JG_ENTRY("sm90_mxf8_stream_16x8_kw8", 1, 8)
   JG_ENTRY("sm90_mxf8_stream_16x8_kw16", 1, 16)
+  JG_ENTRY("sm90_mxf8_stream_16x16_kw4", 2, 4)
+  JG_ENTRY("sm90_mxf8_stream_16x16_kw8", 2, 8)
 #undef JG_ENTRY
   return n;
 }

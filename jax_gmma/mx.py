@@ -22,7 +22,7 @@ Paths (chosen at trace time, per the first CUDA device):
   16 pipeline stages, where the 64-row tiles make at most one wave); and for a few tokens at
   small N the weight-streaming kernel ``cpp/sm90_mxf8_gemm_blockscaled_stream.cu``
   (``sm90_mxf8_stream_16x8_kw{2,4,8,16}``: 16 weight rows x 8 tokens per warp on mma.sync, K
-  split over 2-16 warps, the same per-block float32 promotion; its FP8 MMA runs as f16 MMAs on
+  split over 2-16 warps; ``sm90_mxf8_stream_16x16_kw{4,8}``: 16 tokens per warp, the same per-block float32 promotion; its FP8 MMA runs as f16 MMAs on
   sm_90, so its block sums are exact). The promotion costs two float32
   operations per accumulator element per 32 of K, so at large M the kernel is bound by the CUDA
   cores (~370 TFLOP/s on an H200) and the exact bf16 route below is faster: from
@@ -107,7 +107,8 @@ KERNELS = {
                              "sm90_mxf8_blockscaled_swap_64x64", "sm90_mxf8_blockscaled_swap_64x16_deep",
                              "sm90_mxf8_blockscaled_swap_64x32_deep", "sm90_mxf8_stream_16x8_kw2",
                              "sm90_mxf8_stream_16x8_kw4", "sm90_mxf8_stream_16x8_kw8",
-                             "sm90_mxf8_stream_16x8_kw16"),
+                             "sm90_mxf8_stream_16x8_kw16", "sm90_mxf8_stream_16x16_kw4",
+                             "sm90_mxf8_stream_16x16_kw8"),
     },
     "sm_100a": {
         ("mxfp8", "mxfp8"): ("sm100_mxfp8xmxfp8_128x128x128_1sm", "sm100_mxfp8xmxfp8_256x128x128_2sm"),
@@ -384,14 +385,22 @@ SM90_SMALL_N = 16384
 
 def select_sm90_stream_config(m: int, n: int) -> Optional[str]:
   """The weight-streaming MXFP8 config for M tokens and N output columns where it beats the
-  wgmma configs on the H200 (benchmarks/results/2026-11-30-h200/session13/mxf8_stream/), else
-  None: M <= 4 with N <= 8192, M <= 8 with N <= 4096; 16 warps along K up to 132 strips of 16
-  rows (N <= 2112), 8 up to 256 (N <= 4096), else 4."""
-  if not (m <= 4 and n <= 8192 or m <= 8 and n <= 4096):
-    return None
+  wgmma configs on the H200 (kernel alone; benchmarks/results/2026-11-30-h200/session13/
+  mxf8_stream/ and session14/), else None. 8-token tiles for M <= 4 with N <= 8192 and M <= 8
+  with N <= 4096: 16 warps along K up to 132 strips of 16 rows (N <= 2112), 8 up to 256
+  (N <= 4096), else 4. 16-token tiles (one weight fragment, two MMAs) for M <= 16 with
+  N <= 4096 (8 warps along K; 16 x 2112 x 7168 13.6 vs 22.1 us, 16 x 4096 x 7168 19.0 vs 22.5)
+  and M <= 32 with N <= 2304 (4 warps; 32 x 2112 x 7168 19.6 vs 22.2); at N = 8192 the wgmma
+  configs stay faster from 5 tokens on (16 x 8192 x 8192: 31.0 vs 25.8)."""
   strips = -(-n // 16)
-  kw = 16 if strips <= 132 else (8 if strips <= 256 else 4)
-  return f"sm90_mxf8_stream_16x8_kw{kw}"
+  if m <= 4 and n <= 8192 or m <= 8 and n <= 4096:
+    kw = 16 if strips <= 132 else (8 if strips <= 256 else 4)
+    return f"sm90_mxf8_stream_16x8_kw{kw}"
+  if m <= 16 and n <= 4096:
+    return "sm90_mxf8_stream_16x16_kw8"
+  if m <= 32 and n <= 2304:
+    return "sm90_mxf8_stream_16x16_kw4"
+  return None
 
 
 def select_sm90_config(m: int, n: int, sm_count: int = 132) -> str:
@@ -405,7 +414,8 @@ def select_sm90_config(m: int, n: int, sm_count: int = 132) -> str:
   faster up to M = 128. For M <= 4 and N <= 8192, and M <= 8 and N <= 4096, the weight-streaming
   configs (session 13: 1 x 2112 x 7168 9.9 vs 21.8 us, 1 x 4096 x 7168 13.8 vs 22.3,
   1 x 7168 x 16384 40.8 vs 46.4, 1 x 8192 x 8192 25.3 vs 25.9, 8 x 4096 x 7168 15.4 vs 22.3),
-  with more warps along K the fewer 16-row strips N has."""
+  with more warps along K the fewer 16-row strips N has, and their 16-token tiles for M <= 16 at
+  N <= 4096 and M <= 32 at N <= 2304 (select_sm90_stream_config)."""
   stream = select_sm90_stream_config(m, n)
   if stream:
     return stream

@@ -233,23 +233,26 @@ def test_select_config():
   pick = lambda m, n, sms=132: mx.select_config("sm_90a", _problem(m=m, n=n), sms)  # noqa: E731
   pre = "sm90_mxf8_blockscaled_"
   assert pick(1, 28672) == pick(16, 16400) == pre + "swap_128x16"
-  assert pick(5, 8192) == pick(16, 8448) == pick(9, 2112) == pre + "swap_64x16_deep"
+  assert pick(5, 8192) == pick(16, 8448) == pick(9, 4112) == pre + "swap_64x16_deep"
   # a few tokens at small N: the weight-streaming kernel, more warps along K for fewer strips
   st = "sm90_mxf8_stream_16x8_kw"
   assert pick(1, 8192) == pick(4, 7168) == pick(4, 4112) == st + "4"
   assert pick(1, 4096) == pick(8, 2128) == pick(5, 4096) == st + "8"
   assert pick(1, 2112) == pick(8, 16) == pick(3, 1000) == st + "16"
-  assert pick(1, 8200) == pick(5, 4112) == pre + "swap_64x16_deep"
+  # 16-token tiles: up to 16 tokens at N <= 4096, up to 32 at N <= 2304
+  assert pick(9, 4096) == pick(16, 2112) == pick(16, 16) == "sm90_mxf8_stream_16x16_kw8"
+  assert pick(17, 2112) == pick(32, 2304) == pick(32, 16) == "sm90_mxf8_stream_16x16_kw4"
+  assert pick(1, 8200) == pick(5, 4112) == pick(16, 4112) == pre + "swap_64x16_deep"
   assert pick(1, 8512) == pick(16, 16384) == pick(16, 8192, 114) == pre + "swap_64x16"
   assert pick(17, 28672) == pick(32, 28672) == pre + "swap_128x32"
-  assert pick(17, 8192) == pick(32, 2112) == pre + "swap_64x32_deep"
+  assert pick(17, 8192) == pick(32, 2320) == pick(32, 4096) == pre + "swap_64x32_deep"
   assert pick(17, 8512) == pick(32, 16384) == pre + "swap_64x32"
   assert pick(33, 28672) == pick(64, 28672) == pre + "swap_128x64"
   assert pick(33, 8192) == pick(64, 8192) == pre + "swap_64x64"
   assert pick(65, 8192) == pick(128, 16384) == pre + "swap_128x64"
   assert pick(65, 28672) == pick(129, 8192) == pick(4096, 4096) == pre + "128x128"
   for m in (1, 16, 17, 32, 33, 64, 65, 128, 129, 4096):  # every pick is a registered config
-    for n in (16, 2112, 4096, 8192, 8512, 16384, 16400, 28672):
+    for n in (16, 2112, 2320, 4096, 8192, 8512, 16384, 16400, 28672):
       assert pick(m, n) in mx.KERNELS["sm_90a"][("mxfp8", "mxfp8")]
   assert mx.select_config("sm_90a", p, 132, config="sm90_mxf8_blockscaled_swap_128x64").endswith("x64")
   e5 = _problem(m=16, a_dtype=jnp.float8_e5m2)

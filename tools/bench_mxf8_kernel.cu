@@ -274,6 +274,29 @@ int main(int argc, char** argv) {
     if (!run_large) break;
     bench(large, s.m, s.n, s.k, iters);
   }
+  // MXF8_SHAPES="MxNxK,...": time the decode configs (those whose name contains MXF8_TIME_ONLY,
+  // when set) at these shapes only.
+  if (const char* list = std::getenv("MXF8_SHAPES")) {
+    const char* only = std::getenv("MXF8_TIME_ONLY");
+    for (const char* q = list; *q;) {
+      long long m, n, k;
+      int used = 0;
+      if (std::sscanf(q, "%lldx%lldx%lld%n", &m, &n, &k, &used) != 3) break;
+      for (const char* cfg : swaps) {
+        bool pick = !only;  // MXF8_TIME_ONLY: '|'-separated name fragments
+        for (const char* o = only; o && *o && !pick;) {
+          const char* e = std::strchr(o, '|');
+          const std::string frag(o, e ? e - o : std::strlen(o));
+          pick = std::strstr(cfg, frag.c_str()) != nullptr;
+          o = e ? e + 1 : "";
+        }
+        if (pick) bench(cfg, m, n, k, iters);
+      }
+      q += used;
+      if (*q == ',') ++q;
+    }
+    return 0;
+  }
   if (mode == "large") {
     for (int64_t n : {28672, 8192}) bench(large, 128, n, 8192, iters);
     return 0;
