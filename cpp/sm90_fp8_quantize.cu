@@ -171,12 +171,26 @@ __device__ __forceinline__ void locate(uint32_t seg, uint32_t num_segs, FastDiv 
 
 // One segment (16 elements of this thread, 128 with its 7 neighbours): amax, scale, convert,
 // store. Every thread of the warp calls it for every segment (the amax is a warp shuffle).
+// Where the scales go: row-major (M, nb), or for block 32 optionally the swizzled 128 x 4
+// atoms of jax_gmma.layouts "sm100_128x4" (k_atoms = ceil(nb / 4) atoms of 512 bytes per 128
+// rows; byte (r % 32) * 16 + (r / 32 % 4) * 4 + kb % 4 of atom (r / 128, kb / 4)), whose K
+// padding (blocks nb .. 4 k_atoms - 1 of a row) the thread of block nb - 1 zeroes.
+struct ScaleOut {
+  void* p;
+  int64_t nb;
+  int64_t k_atoms;  // 0: row-major
+};
+
+__device__ __forceinline__ int64_t swizzled_word(int64_t r, int64_t j, int64_t k_atoms) {
+  return ((r >> 7) * k_atoms + j) * 512 + (r & 31) * 16 + ((r >> 5) & 3) * 4;
+}
+
 template <typename T, int kBlock, int kDiv, bool kVectorized>
 __device__ __forceinline__ void quantize_segment(const T* __restrict__ x, int64_t k, int64_t kp,
-                                                 int64_t nb, bool live, int64_t row, int64_t col,
+                                                 ScaleOut so, bool live, int64_t row, int64_t col,
                                                  const uint4 (&raw)[kLoads<T>],
                                                  uint8_t* __restrict__ data,
-                                                 void* __restrict__ scales, bool data_aligned16) {
+                                                 bool data_aligned16) {
   constexpr int kBlockThreads = kBlock / kVec;  // threads per scale block: 8 or 2
   const int lane = threadIdx.x % kSegThreads;
 
@@ -257,16 +271,40 @@ __device__ __forceinline__ void quantize_segment(const T* __restrict__ x, int64_
     for (int i = 0; i < kVec; ++i) out[i] = static_cast<uint8_t>(codes[i / 4] >> (8 * (i % 4)));
   }
   if (lane % kBlockThreads == 0) {
-    if constexpr (kBlock == 128) static_cast<float*>(scales)[row * nb + col / kBlock] = scale;
-    else static_cast<uint8_t*>(scales)[row * nb + col / kBlock] = e8m0;
+    const int64_t kb = col / kBlock;
+    if constexpr (kBlock == 128) {
+      static_cast<float*>(so.p)[row * so.nb + kb] = scale;
+    } else if (so.k_atoms == 0) {
+      static_cast<uint8_t*>(so.p)[row * so.nb + kb] = e8m0;
+    } else {
+      uint8_t* word = static_cast<uint8_t*>(so.p) + swizzled_word(row, kb >> 2, so.k_atoms);
+      word[kb & 3] = e8m0;
+      if (kb == so.nb - 1)
+        for (int64_t b = (kb & 3) + 1; b < 4; ++b) word[b] = 0;  // the row's K padding
+    }
   }
+}
+
+// The swizzled layout's row padding (rows M .. 128 ceil(M / 128) - 1): zero words, one per
+// thread, in the CTAs after the quantizing ones.
+__device__ __forceinline__ void zero_pad_rows(int64_t m, int64_t k_atoms, uint32_t cta,
+                                              uint8_t* __restrict__ scales) {
+  const int64_t i = static_cast<int64_t>(cta) * kThreads + threadIdx.x;
+  const int64_t pad_rows = (m + 127) / 128 * 128 - m;
+  if (i >= pad_rows * k_atoms) return;
+  const int64_t r = m + i / k_atoms, j = i % k_atoms;
+  *reinterpret_cast<uint32_t*>(scales + swizzled_word(r, j, k_atoms)) = 0u;
 }
 
 template <typename T, int kBlock, int kDiv, bool kVectorized>
 __global__ void __launch_bounds__(kThreads)
-fp8_quantize_kernel(const T* __restrict__ x, int64_t k, int64_t kp, int64_t nb,
-                    uint32_t num_segs, FastDiv segs_per_row, uint8_t* __restrict__ data,
-                    void* __restrict__ scales, bool data_aligned16) {
+fp8_quantize_kernel(const T* __restrict__ x, int64_t m, int64_t k, int64_t kp, ScaleOut so,
+                    uint32_t num_segs, uint32_t quant_ctas, FastDiv segs_per_row,
+                    uint8_t* __restrict__ data, bool data_aligned16) {
+  if (blockIdx.x >= quant_ctas) {  // swizzled scales: the padding rows
+    zero_pad_rows(m, so.k_atoms, blockIdx.x - quant_ctas, static_cast<uint8_t*>(so.p));
+    return;
+  }
   bool live[kUnroll];
   int64_t row[kUnroll], col[kUnroll];
   uint4 raw[kUnroll][kLoads<T>];
@@ -279,20 +317,23 @@ fp8_quantize_kernel(const T* __restrict__ x, int64_t k, int64_t kp, int64_t nb,
   }
 #pragma unroll
   for (int j = 0; j < kUnroll; ++j)
-    quantize_segment<T, kBlock, kDiv, kVectorized>(x, k, kp, nb, live[j], row[j], col[j], raw[j],
-                                                   data, scales, data_aligned16);
+    quantize_segment<T, kBlock, kDiv, kVectorized>(x, k, kp, so, live[j], row[j], col[j], raw[j],
+                                                   data, data_aligned16);
 }
 
 template <typename T, int kBlock, int kDiv>
-cudaError_t launch(const void* x, int64_t m, int64_t k, void* data, void* scales,
+cudaError_t launch(const void* x, int64_t m, int64_t k, void* data, void* scales, bool swizzled,
                    cudaStream_t stream) {
   const int64_t kp = jax_gmma_quantize_padded_k(k, kBlock);
   const int64_t nb = kp / kBlock;
+  const ScaleOut so{scales, nb, swizzled ? (nb + 3) / 4 : 0};
   const int64_t segs_per_row = (kp + kSeg - 1) / kSeg;
   if (m > ((int64_t{1} << 31) - 1) / segs_per_row) return cudaErrorInvalidValue;  // FastDiv range
   const int64_t num_segs = m * segs_per_row;
   const int64_t segs_per_cta = int64_t{kSegsPerBlock} * kUnroll;
-  const dim3 grid(static_cast<unsigned>((num_segs + segs_per_cta - 1) / segs_per_cta));
+  const int64_t quant_ctas = (num_segs + segs_per_cta - 1) / segs_per_cta;
+  const int64_t pad_words = swizzled ? ((m + 127) / 128 * 128 - m) * so.k_atoms : 0;
+  const dim3 grid(static_cast<unsigned>(quant_ctas + (pad_words + kThreads - 1) / kThreads));
   const FastDiv div(static_cast<uint32_t>(segs_per_row));
   // 16-byte loads need 16-byte aligned rows and whole 16-element chunks (K % 16 == 0).
   const bool vectorized = k % kVec == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
@@ -301,22 +342,26 @@ cudaError_t launch(const void* x, int64_t m, int64_t k, void* data, void* scales
   auto* d8 = static_cast<uint8_t*>(data);
   if (vectorized)
     fp8_quantize_kernel<T, kBlock, kDiv, true><<<grid, kThreads, 0, stream>>>(
-        xt, k, kp, nb, static_cast<uint32_t>(num_segs), div, d8, scales, data_aligned16);
+        xt, m, k, kp, so, static_cast<uint32_t>(num_segs), static_cast<uint32_t>(quant_ctas), div,
+        d8, data_aligned16);
   else
     fp8_quantize_kernel<T, kBlock, kDiv, false><<<grid, kThreads, 0, stream>>>(
-        xt, k, kp, nb, static_cast<uint32_t>(num_segs), div, d8, scales, data_aligned16);
+        xt, m, k, kp, so, static_cast<uint32_t>(num_segs), static_cast<uint32_t>(quant_ctas), div,
+        d8, data_aligned16);
   return cudaGetLastError();
 }
 
 template <typename T>
 cudaError_t dispatch_block(const void* x, int64_t m, int64_t k, int block, int div_mode,
-                           void* data, void* scales, cudaStream_t stream) {
-  if (block == 32) return launch<T, 32, JAX_GMMA_QUANT_DIV_XLA_GPU>(x, m, k, data, scales, stream);
+                           bool swizzled, void* data, void* scales, cudaStream_t stream) {
+  if (block == 32)
+    return launch<T, 32, JAX_GMMA_QUANT_DIV_XLA_GPU>(x, m, k, data, scales, swizzled, stream);
+  if (swizzled) return cudaErrorInvalidValue;  // float32 1x128 scales stay row-major
   switch (div_mode) {
     case JAX_GMMA_QUANT_DIV_XLA_GPU:
-      return launch<T, 128, JAX_GMMA_QUANT_DIV_XLA_GPU>(x, m, k, data, scales, stream);
+      return launch<T, 128, JAX_GMMA_QUANT_DIV_XLA_GPU>(x, m, k, data, scales, false, stream);
     case JAX_GMMA_QUANT_DIV_IEEE:
-      return launch<T, 128, JAX_GMMA_QUANT_DIV_IEEE>(x, m, k, data, scales, stream);
+      return launch<T, 128, JAX_GMMA_QUANT_DIV_IEEE>(x, m, k, data, scales, false, stream);
     default:
       return cudaErrorInvalidValue;
   }
@@ -324,20 +369,31 @@ cudaError_t dispatch_block(const void* x, int64_t m, int64_t k, int block, int d
 
 }  // namespace
 
-extern "C" __attribute__((visibility("default"))) cudaError_t jax_gmma_fp8_quantize(
-    const void* x, int in_dtype, int64_t m, int64_t k, int block, int div_mode, void* data,
-    void* scales, cudaStream_t stream) {
+extern "C" __attribute__((visibility("default"))) cudaError_t jax_gmma_fp8_quantize_ex(
+    const void* x, int in_dtype, int64_t m, int64_t k, int block, int div_mode, int scale_layout,
+    void* data, void* scales, cudaStream_t stream) {
   if (m == 0) return cudaSuccess;  // nothing to do (and XLA may hand out null buffers)
   if (m < 0 || k < 1 || (block != 128 && block != 32) || !x || !data || !scales)
     return cudaErrorInvalidValue;
+  if (scale_layout != JAX_GMMA_QUANT_SCALES_ROWMAJOR && scale_layout != JAX_GMMA_QUANT_SCALES_SM100_128X4)
+    return cudaErrorInvalidValue;
+  const bool swz = scale_layout == JAX_GMMA_QUANT_SCALES_SM100_128X4;
+  if (swz && reinterpret_cast<uintptr_t>(scales) % 4 != 0) return cudaErrorInvalidValue;
   switch (in_dtype) {
     case JAX_GMMA_QUANT_IN_BF16:
-      return dispatch_block<Bf16>(x, m, k, block, div_mode, data, scales, stream);
+      return dispatch_block<Bf16>(x, m, k, block, div_mode, swz, data, scales, stream);
     case JAX_GMMA_QUANT_IN_F16:
-      return dispatch_block<F16>(x, m, k, block, div_mode, data, scales, stream);
+      return dispatch_block<F16>(x, m, k, block, div_mode, swz, data, scales, stream);
     case JAX_GMMA_QUANT_IN_F32:
-      return dispatch_block<float>(x, m, k, block, div_mode, data, scales, stream);
+      return dispatch_block<float>(x, m, k, block, div_mode, swz, data, scales, stream);
     default:
       return cudaErrorInvalidValue;
   }
+}
+
+extern "C" __attribute__((visibility("default"))) cudaError_t jax_gmma_fp8_quantize(
+    const void* x, int in_dtype, int64_t m, int64_t k, int block, int div_mode, void* data,
+    void* scales, cudaStream_t stream) {
+  return jax_gmma_fp8_quantize_ex(x, in_dtype, m, k, block, div_mode, JAX_GMMA_QUANT_SCALES_ROWMAJOR,
+                                  data, scales, stream);
 }

@@ -26,15 +26,22 @@ ffi::Error invalid(const std::string& msg) {
 
 // Operand: x (M, K) bfloat16 / float16 / float32, row-major. Results: data (M, Kp)
 // float8_e4m3fn; scales (M, Kp / block) float32 (block 128, "fp8_1x128") or float8_e8m0fnu /
-// uint8 (block 32, "mxfp8"); Kp = K rounded up to the block. Attributes: block (128 or 32),
-// div_mode (JAX_GMMA_QUANT_DIV_*, see quantize_api.h).
+// uint8 (block 32, "mxfp8"), or with scale_layout SM100_128X4 (block 32) the swizzled
+// (ceil(M / 128), ceil(nb / 4), 32, 4, 4) bytes; Kp = K rounded up to the block. Attributes:
+// block (128 or 32), div_mode (JAX_GMMA_QUANT_DIV_*), scale_layout (JAX_GMMA_QUANT_SCALES_*;
+// see quantize_api.h).
 ffi::Error Fp8QuantizeImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> data,
-                           ffi::Result<ffi::AnyBuffer> scales, int32_t block, int32_t div_mode) {
+                           ffi::Result<ffi::AnyBuffer> scales, int32_t block, int32_t div_mode,
+                           int32_t scale_layout) {
   // Cheap structural checks: the Python side builds exactly these shapes at trace time.
   auto xd = x.dimensions();
   auto dd = data->dimensions();
   auto sd = scales->dimensions();
-  if (xd.size() != 2 || dd.size() != 2 || sd.size() != 2) return invalid("operands must be 2-D");
+  const bool swz = scale_layout == JAX_GMMA_QUANT_SCALES_SM100_128X4;
+  if (!swz && scale_layout != JAX_GMMA_QUANT_SCALES_ROWMAJOR) return invalid("unknown scale_layout");
+  if (swz && block != 32) return invalid("swizzled scales need block 32 (mxfp8)");
+  if (xd.size() != 2 || dd.size() != 2 || sd.size() != (swz ? 5u : 2u))
+    return invalid("x and data must be 2-D, scales 2-D (row-major) or 5-D (swizzled)");
   if (block != 128 && block != 32) return invalid("block must be 128 or 32");
   if (div_mode != JAX_GMMA_QUANT_DIV_XLA_GPU && div_mode != JAX_GMMA_QUANT_DIV_IEEE)
     return invalid("unknown div_mode");
@@ -53,9 +60,12 @@ ffi::Error Fp8QuantizeImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ff
   const bool scale_ok = block == 128 ? scales->element_type() == ffi::DataType::F32
                                      : (scales->element_type() == ffi::DataType::F8E8M0FNU ||
                                         scales->element_type() == ffi::DataType::U8);
-  if (!scale_ok || sd[0] != m || sd[1] != nb)
-    return invalid("scales must be (M, ceil(K / block)): float32 for block 128, "
-                   "float8_e8m0fnu for block 32");
+  const bool dims_ok = swz ? (sd[0] == (m + 127) / 128 && sd[1] == (nb + 3) / 4 && sd[2] == 32 &&
+                              sd[3] == 4 && sd[4] == 4)
+                            : (sd[0] == m && sd[1] == nb);
+  if (!scale_ok || !dims_ok)
+    return invalid("scales must be (M, ceil(K / block)) -- swizzled: (ceil(M / 128), "
+                   "ceil(K / 128), 32, 4, 4) -- float32 for block 128, float8_e8m0fnu for block 32");
 #if !defined(JAX_GMMA_HAVE_SM90)
   (void)stream;
   (void)in_dtype;
@@ -67,8 +77,9 @@ ffi::Error Fp8QuantizeImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ff
   if (!jax_gmma_note_execution(stream))
     return ffi::Error::Internal("jax_gmma_fp8_quantize: cudaStreamIsCapturing failed");
 
-  const cudaError_t err = jax_gmma_fp8_quantize(x.untyped_data(), in_dtype, m, k, block, div_mode,
-                                                data->untyped_data(), scales->untyped_data(), stream);
+  const cudaError_t err =
+      jax_gmma_fp8_quantize_ex(x.untyped_data(), in_dtype, m, k, block, div_mode, scale_layout,
+                               data->untyped_data(), scales->untyped_data(), stream);
   if (err != cudaSuccess)
     return ffi::Error::Internal(std::string("jax_gmma_fp8_quantize: kernel launch failed: ") +
                                 cudaGetErrorString(err));
@@ -86,7 +97,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxGmmaFp8Quantize, jax_gmma::Fp8QuantizeImpl,
                                   .Ret<ffi::AnyBuffer>()  // data
                                   .Ret<ffi::AnyBuffer>()  // scales
                                   .Attr<int32_t>("block")
-                                  .Attr<int32_t>("div_mode"),
+                                  .Attr<int32_t>("div_mode")
+                                  .Attr<int32_t>("scale_layout"),
                               JAX_GMMA_GRAPH_SAFE_TRAITS);
 
 // The handler's address for the nanobind module (which does not include the XLA headers).

@@ -584,13 +584,17 @@ def quantize(x, format="fp8_tensor", *, dtype=None, axis: int = -1,
         raise ValueError(f"{who}: x must be non-empty, got shape "
                          f"{tuple(x.shape)}")
 
+    kernel_layout = LAYOUT_ROWMAJOR
     if use_kernel and _qk.applies(fmt.name, dt, x.dtype, axis, x.ndim):
-        # The kernel's primitive (pure-JAX lowering off Hopper): same data/scales.
-        data, scales = _qk.quantize_rows(x, fmt.name)
+        # The kernel's primitive (pure-JAX lowering off Hopper): same data/scales. MXFP8's
+        # swizzled scales come out of the kernel directly (no XLA transpose after it).
+        if lay.name in _qk.SCALE_LAYOUTS and fmt.name == "mxfp8":
+            kernel_layout = lay.name
+        data, scales = _qk.quantize_rows(x, fmt.name, layout=kernel_layout)
         global_scale = None
     else:
         data, scales, global_scale = _quantize_impl(x, fmt.name, dt.name, axis)
-    if lay.name != LAYOUT_ROWMAJOR:
+    if lay.name != kernel_layout:
         scales = _layouts.swizzle_scales(scales, lay)
     return QuantizedArray(data, scales, global_scale, format=fmt,
                           shape=tuple(x.shape), axis=axis, dtype=dt,

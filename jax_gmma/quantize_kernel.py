@@ -53,6 +53,10 @@ INPUT_DTYPES = tuple(np.dtype(d) for d in (jnp.bfloat16, jnp.float16, jnp.float3
 #: with XLA's choice, so DIV_MODE must follow it (tests/test_quantize_kernel.py checks it).
 DIV_MODES = {"xla_gpu": 0, "ieee": 1}
 DIV_MODE = "xla_gpu"
+#: Scale layouts the kernel writes (``JAX_GMMA_QUANT_SCALES_*``): row-major, and for ``mxfp8``
+#: the swizzled 128 x 4 atoms the MXFP8 GEMMs read (jax_gmma.layouts "sm100_128x4", padding
+#: included), so that no XLA transpose runs between the quantization and the GEMM.
+SCALE_LAYOUTS = {"rowmajor": 0, "sm100_128x4": 1}
 
 _E4M3 = np.dtype(jnp.float8_e4m3fn)
 
@@ -61,11 +65,14 @@ def _cdiv(a: int, b: int) -> int:
   return -(-a // b)
 
 
-def output_shapes(m: int, k: int, fmt: str) -> Tuple[Tuple[int, int], Tuple[int, int]]:
-  """(data shape, scales shape) of an (m, k) input: K padded up to whole blocks."""
+def output_shapes(m: int, k: int, fmt: str, layout: str = "rowmajor") -> Tuple[tuple, tuple]:
+  """(data shape, scales shape) of an (m, k) input: K padded up to whole blocks; swizzled
+  scales (``layout="sm100_128x4"``) as (ceil(m / 128), ceil(nb / 4), 32, 4, 4)."""
   block = KERNEL_FORMATS[fmt]
   nb = _cdiv(k, block)
-  return (m, nb * block), (m, nb)
+  if layout == "rowmajor":
+    return (m, nb * block), (m, nb)
+  return (m, nb * block), (_cdiv(m, 128), _cdiv(nb, 4), 32, 4, 4)
 
 
 # -- the primitive ----------------------------------------------------------------------------
@@ -75,9 +82,9 @@ fp8_quantize_p.multiple_results = True
 fp8_quantize_p.def_impl(functools.partial(dispatch.apply_primitive, fp8_quantize_p))
 
 
-def _abstract_eval(x, *, fmt, div_mode):
+def _abstract_eval(x, *, fmt, div_mode, layout):
   del div_mode
-  data_shape, scales_shape = output_shapes(*x.shape, fmt)
+  data_shape, scales_shape = output_shapes(*x.shape, fmt, layout)
   scale_dtype = _formats.get_format(fmt).scale_dtype
   return [ShapedArray(data_shape, _E4M3), ShapedArray(scales_shape, scale_dtype)]
 
@@ -85,13 +92,16 @@ def _abstract_eval(x, *, fmt, div_mode):
 fp8_quantize_p.def_abstract_eval(_abstract_eval)
 
 
-def _reference(x, *, fmt, div_mode):
+def _reference(x, *, fmt, div_mode, layout):
   """The pure-JAX path of jax_gmma.quantize for an (M, K) array: (data, scales)."""
   del div_mode
   # Imported here: jax_gmma.quantize imports this module. (Not `from . import quantize`: the
   # package attribute of that name is the function.)
   from .quantize import _quantize_impl
+  from .layouts import swizzle_scales
   data, scales, _ = _quantize_impl(x, fmt, _E4M3.name, 1)
+  if layout != "rowmajor":
+    scales = swizzle_scales(scales, layout)
   return data, scales
 
 
@@ -118,33 +128,40 @@ def kernel_available() -> bool:
   return dev is not None and _target_in_library()
 
 
-def _cuda_lowering(ctx, x, *, fmt, div_mode):
+def _cuda_lowering(ctx, x, *, fmt, div_mode, layout):
   if not kernel_available():
-    return _reference_lowering(ctx, x, fmt=fmt, div_mode=div_mode)
+    return _reference_lowering(ctx, x, fmt=fmt, div_mode=div_mode, layout=layout)
   _backend.register_targets()
   rule = jax.ffi.ffi_lowering(FP8_QUANTIZE_TARGET)
-  return rule(ctx, x, block=np.int32(KERNEL_FORMATS[fmt]), div_mode=np.int32(DIV_MODES[div_mode]))
+  return rule(ctx, x, block=np.int32(KERNEL_FORMATS[fmt]), div_mode=np.int32(DIV_MODES[div_mode]),
+              scale_layout=np.int32(SCALE_LAYOUTS[layout]))
 
 
 mlir.register_lowering(fp8_quantize_p, _cuda_lowering, platform="cuda")
 
 
-def _batch_rule(args, dims, *, fmt, div_mode):
-  """vmap: fold the batch dim into M (rows are independent)."""
+def _batch_rule(args, dims, *, fmt, div_mode, layout):
+  """vmap: fold the batch dim into M (rows are independent); swizzled scales are padded per
+  batch element, so those are swizzled from the row-major ones by XLA."""
   (x,), (d,) = args, dims
   x = jnp.moveaxis(x, d, 0)
   b, m, k = x.shape
-  data, scales = fp8_quantize_p.bind(x.reshape(b * m, k), fmt=fmt, div_mode=div_mode)
-  return (data.reshape(b, m, data.shape[-1]), scales.reshape(b, m, scales.shape[-1])), (0, 0)
+  data, scales = fp8_quantize_p.bind(x.reshape(b * m, k), fmt=fmt, div_mode=div_mode,
+                                     layout="rowmajor")
+  scales = scales.reshape(b, m, scales.shape[-1])
+  if layout != "rowmajor":
+    from .layouts import swizzle_scales
+    scales = swizzle_scales(scales, layout)
+  return (data.reshape(b, m, data.shape[-1]), scales), (0, 0)
 
 
 batching.primitive_batchers[fp8_quantize_p] = _batch_rule
 
 
-def _jvp_rule(primals, tangents, *, fmt, div_mode):
+def _jvp_rule(primals, tangents, *, fmt, div_mode, layout):
   """Differentiation goes through the pure-JAX path (as quantize always did)."""
   tangents = [ad.instantiate_zeros(t) for t in tangents]
-  out, out_dot = jax.jvp(functools.partial(_reference, fmt=fmt, div_mode=div_mode),
+  out, out_dot = jax.jvp(functools.partial(_reference, fmt=fmt, div_mode=div_mode, layout=layout),
                          tuple(primals), tuple(tangents))
   return list(out), list(out_dot)
 
@@ -161,17 +178,22 @@ def applies(fmt: str, dtype, x_dtype, axis: int, ndim: int) -> bool:
           and axis % ndim == ndim - 1 and np.dtype(x_dtype) in INPUT_DTYPES)
 
 
-def quantize_rows(x, fmt: str = "fp8_1x128", *, div_mode: str = None):
+def quantize_rows(x, fmt: str = "fp8_1x128", *, div_mode: str = None, layout: str = "rowmajor"):
   """``(data, scales)`` of ``x`` (..., K) quantized along its last axis, exactly as
-  ``jax_gmma.quantize(x, fmt)`` stores them: data (..., Kp) float8_e4m3fn, scales (..., Kp /
-  block) (float32 for fp8_1x128, float8_e8m0fnu for mxfp8), Kp = K rounded up to the block.
-  Leading dims are flattened into the kernel's M. ``div_mode`` overrides :data:`DIV_MODE`."""
+  ``jax_gmma.quantize(x, fmt, layout=layout)`` stores them: data (..., Kp) float8_e4m3fn, scales
+  (..., Kp / block) (float32 for fp8_1x128, float8_e8m0fnu for mxfp8), Kp = K rounded up to the
+  block; ``layout="sm100_128x4"`` (mxfp8): the swizzled scales of jax_gmma.layouts, written by
+  the kernel itself for a 2-D x (leading dims: the row-major scales swizzled by XLA). Leading
+  dims are flattened into the kernel's M. ``div_mode`` overrides :data:`DIV_MODE`."""
   if fmt not in KERNEL_FORMATS:
     raise ValueError(f"quantize_rows: format must be one of {sorted(KERNEL_FORMATS)}, got {fmt!r}")
   div_mode = DIV_MODE if div_mode is None else div_mode
   if div_mode not in DIV_MODES:
     raise ValueError(f"quantize_rows: div_mode must be one of {sorted(DIV_MODES)}, "
                      f"got {div_mode!r}")
+  if layout not in SCALE_LAYOUTS or (layout != "rowmajor" and fmt != "mxfp8"):
+    raise ValueError(f"quantize_rows: layout must be 'rowmajor' (or 'sm100_128x4' for mxfp8), "
+                     f"got {layout!r} for {fmt!r}")
   x = jnp.asarray(x)
   if x.ndim < 2 or x.size == 0:
     raise ValueError(f"quantize_rows: x must be a non-empty (..., rows, K) array, got shape "
@@ -179,7 +201,14 @@ def quantize_rows(x, fmt: str = "fp8_1x128", *, div_mode: str = None):
   if np.dtype(x.dtype) not in INPUT_DTYPES:
     raise TypeError(f"quantize_rows: x must be bfloat16, float16 or float32, got "
                     f"{np.dtype(x.dtype).name}")
+  if x.ndim == 2:
+    return tuple(fp8_quantize_p.bind(x, fmt=fmt, div_mode=div_mode, layout=layout))
   *lead, k = x.shape
   m = int(np.prod(lead))
-  data, scales = fp8_quantize_p.bind(x.reshape(m, k), fmt=fmt, div_mode=div_mode)
-  return data.reshape(*lead, data.shape[-1]), scales.reshape(*lead, scales.shape[-1])
+  data, scales = fp8_quantize_p.bind(x.reshape(m, k), fmt=fmt, div_mode=div_mode,
+                                     layout="rowmajor")
+  scales = scales.reshape(*lead, scales.shape[-1])
+  if layout != "rowmajor":
+    from .layouts import swizzle_scales
+    scales = swizzle_scales(scales, layout)
+  return data.reshape(*lead, data.shape[-1]), scales

@@ -158,6 +158,29 @@ def test_swizzled_mx_layout_and_dequantize_unchanged():
                                   np.asarray(jax_gmma.dequantize(b)))
 
 
+@pytest.mark.parametrize("shape", [(1, 32), (130, 96), (5, 4000), (128, 128), (2, 3, 160)])
+def test_swizzled_scales_from_the_primitive(shape):
+  """layout="sm100_128x4": the kernel writes the swizzled MXFP8 scales itself (2-D x; leading
+  dims: row-major scales swizzled by XLA); its reference lowering is swizzle_scales of the
+  row-major scales, padding (zero bytes) included."""
+  from jax_gmma.layouts import swizzle_scales
+  x = special_input(int(np.prod(shape[:-1])), shape[-1], jnp.bfloat16, _rng()).reshape(shape)
+  d, s = qk.quantize_rows(x, "mxfp8")
+  ds, ss = jax.jit(lambda x: qk.quantize_rows(x, "mxfp8", layout="sm100_128x4"))(x)
+  assert_same((ds, ss), (d, swizzle_scales(s, "sm100_128x4")), str(shape))
+  if len(shape) == 2:
+    m, k = shape
+    assert qk.output_shapes(m, k, "mxfp8", "sm100_128x4")[1] == ss.shape
+    jaxpr = str(jax.make_jaxpr(lambda x: jax_gmma.quantize(x, "mxfp8", layout="sm100_128x4"))(x))
+    assert "layout=sm100_128x4" in jaxpr  # no separate swizzle after the primitive
+  with pytest.raises(ValueError, match="layout must be"):
+    qk.quantize_rows(x, "fp8_1x128", layout="sm100_128x4")
+  v = jax.vmap(lambda x: jax_gmma.quantize(x, "mxfp8", layout="sm100_128x4").scales)(x.reshape(1, -1, shape[-1]))
+  v_ref = jax_gmma.quantize(x.reshape(1, -1, shape[-1]), "mxfp8", layout="sm100_128x4",
+                            use_kernel=False).scales
+  np.testing.assert_array_equal(bits(v), bits(v_ref))
+
+
 def test_vmap_and_jvp_keep_working():
   x = jnp.asarray(_rng().standard_normal((3, 4, 256)), jnp.float32)
   s = jax.vmap(lambda x: jax_gmma.quantize(x, "fp8_1x128").scales)(x)
@@ -262,6 +285,31 @@ def test_kernel_bit_identical_mxfp8(dtype, shape):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(1, 32), (1, 8192), (127, 96), (128, 4000), (130, 7168),
+                                   (2, 3, 1024)])
+def test_kernel_bit_identical_mxfp8_swizzled(shape):
+  """The kernel's swizzled MXFP8 scales (what mx_gemm reads) against swizzle_scales of the
+  pure-JAX path, padding included (rows to 128, blocks to 4: zero bytes). The quantization
+  follows a large temporary in the same jitted call, so that XLA may hand the kernel a reused,
+  non-zero buffer (likely, not guaranteed)."""
+  x = special_input(int(np.prod(shape[:-1])), shape[-1], jnp.bfloat16, _rng()).reshape(shape)
+
+  def parts(x, use_kernel):
+    junk = jnp.full((1 << 20,), -1.0, jnp.float32) * x.astype(jnp.float32).sum()
+    q = jax_gmma.quantize(x, "mxfp8", layout="sm100_128x4", use_kernel=use_kernel)
+    return q.data, q.scales, junk.sum()
+
+  f_kernel = jax.jit(lambda x: parts(x, True))
+  hlo = f_kernel.lower(x).compile().as_text()
+  assert qk.FP8_QUANTIZE_TARGET in hlo
+  if len(shape) == 2:
+    assert "transpose" not in hlo, "the scales were swizzled by XLA, not by the kernel"
+  dk, sk, _ = f_kernel(x)
+  dr, sr, _ = jax.jit(lambda x: parts(x, False))(x)
+  assert_same((dk, sk), (dr, sr), f"mxfp8 swizzled {shape}")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
 def test_kernel_bit_identical_benchmark_shape(dtype):
   """The issue's shape, 4096 x 7168, plain random activations (no special rows)."""
@@ -313,15 +361,13 @@ import jax, jax.numpy as jnp, numpy as np
 import jax_gmma
 from jax_gmma import _backend
 
-def deq(q, block):
-  return q.data.astype(jnp.float32) * jnp.repeat(q.scales.astype(jnp.float32), block, axis=-1)
-
 def chain(x, use_kernel):
   for i in range(24):
-    fmt, block = (("fp8_1x128", 128), ("mxfp8", 32))[i % 2]
+    fmt = ("fp8_1x128", "mxfp8")[i % 2]
     dt = (jnp.bfloat16, jnp.float32, jnp.float16)[i % 3]
-    q = jax_gmma.quantize(x.astype(dt), fmt, use_kernel=use_kernel)
-    x = deq(q, block)[:, :x.shape[1]] * 1.1 + (i % 5)
+    lay = "sm100_128x4" if i % 4 == 1 else "rowmajor"  # mxfp8: swizzled scales every other time
+    q = jax_gmma.quantize(x.astype(dt), fmt, use_kernel=use_kernel, layout=lay)
+    x = jax_gmma.dequantize(q)[:, :x.shape[1]] * 1.1 + (i % 5)
   return x
 
 x0 = jax.random.normal(jax.random.PRNGKey(0), (64, 1000), jnp.float32) * 3

@@ -73,6 +73,20 @@ static inline int64_t jax_gmma_quantize_scale_blocks(int64_t k, int block) {
 cudaError_t jax_gmma_fp8_quantize(const void* x, int in_dtype, int64_t m, int64_t k, int block,
                                   int div_mode, void* data, void* scales, cudaStream_t stream);
 
+/* Scale layouts (jax_gmma.layouts): ROWMAJOR as above; SM100_128X4 (block 32 only): the
+ * swizzled 128-row x 4-block atoms the MXFP8 GEMMs read, (ceil(M / 128), ceil(nb / 4), 32, 4, 4)
+ * bytes, the padding (rows past M, blocks past nb) zero bytes -- bit-identical to
+ * jax_gmma.layouts.swizzle_scales of the row-major scales (scales 4-byte aligned). */
+enum {
+  JAX_GMMA_QUANT_SCALES_ROWMAJOR = 0,
+  JAX_GMMA_QUANT_SCALES_SM100_128X4 = 1,
+};
+
+/* jax_gmma_fp8_quantize with a choice of scale layout (JAX_GMMA_QUANT_SCALES_*). */
+cudaError_t jax_gmma_fp8_quantize_ex(const void* x, int in_dtype, int64_t m, int64_t k, int block,
+                                     int div_mode, int scale_layout, void* data, void* scales,
+                                     cudaStream_t stream);
+
 #ifdef __cplusplus
 }  /* extern "C" */
 #endif
