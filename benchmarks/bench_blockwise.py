@@ -130,7 +130,8 @@ except ImportError:  # pragma: no cover
 OURS, PERT, XLA, JNN, TORCH, BF = ("ours_1d2d", "ours_pertensor", "xla_fp8",
                                    "jax_nn_scaled_matmul_mxfp8", "torch_blockwise", "bf16")
 MXO = "ours_mxfp8"
-IMPLS = (OURS, PERT, XLA, MXO, JNN, TORCH, BF)
+MXJ = "ours_mxfp8_jaxquant"  # decode chains: ours_mxfp8 with the activations quantized by XLA
+IMPLS = (OURS, PERT, XLA, MXO, MXJ, JNN, TORCH, BF)
 QUANT, QUANT_CH, GEMM, FUSED = ("quantize_1x128", "quantize_fp8_channel", "ours_1d2d_gemm",
                                 "quantize_1x128+ours_1d2d")
 QUANT_JAX = "quantize_1x128_jax"  # the pure-JAX path, timed where the kernel runs
@@ -255,6 +256,10 @@ def ours_mx_kernel(a_q, b_q):  # the MXFP8 kernel at every M
 
 def q_mx_ours(x):
   return jax_gmma.quantize(x, "mxfp8", layout="sm100_128x4")
+
+
+def q_mx_ours_jax(x):  # the pure-JAX path of quantize (an XLA fusion), even where the kernel runs
+  return jax_gmma.quantize(x, "mxfp8", layout="sm100_128x4", use_kernel=False)
 
 
 @jax.jit
@@ -533,13 +538,22 @@ def _torch_gemm(run: BRun, m, n, k, n_sets, record):
 
 # -- decode chains --------------------------------------------------------------------------
 
+def _next_input(out, k):
+  """The next step's (M, K) input from out (M, N): its first K columns; for N < K out tiled
+  along N first (the DeepSeek shapes 2112 x 7168, 4096 x 7168)."""
+  n = out.shape[1]
+  if n < k:
+    out = jnp.concatenate([out] * -(-k // n), axis=1)
+  return out[:, :k]
+
+
 def _chain_fn(step, k, to_next, steps):
   def chain(x, ws):
     d = len(ws)
     out = None
     for i in range(steps):
       out = step(x, ws[i % d])
-      x = to_next(out[:, :k])
+      x = to_next(_next_input(out, k))
     return out
   return chain
 
@@ -584,6 +598,7 @@ def bench_decode(run: BRun, suite: str, n: int, k: int, ms, budget, steps, slow_
       PERT: (_pert_step, q_channel, tuple(wpt), reference, n * k, steps),
       XLA: (_xla_step, q_channel, tuple(wpt), reference, n * k, steps),
       MXO: (ours_mx_gemm, q_mx_ours, tuple(wmq), ref_mx_q, n * k + n * k // MX_BLOCK, steps),
+      MXJ: (ours_mx_gemm, q_mx_ours_jax, tuple(wmq), ref_mx_q, n * k + n * k // MX_BLOCK, steps),
       JNN: (lambda x, w: make_jnn_gemm(run.jnn_emulated)(x[0], w[0], x[1], w[1]), q_mx,
             tuple(wmx[:slow_steps]), ref_mx, n * k + n * k // MX_BLOCK, slow_steps),
   }
@@ -625,20 +640,20 @@ def bench_decode(run: BRun, suite: str, n: int, k: int, ms, budget, steps, slow_
           extra.update(path=run.ours_path(calls))
         elif impl == JNN:
           extra.update(quantizer=MX_QUANTIZER, path="emulated" if run.jnn_emulated else "jax")
-        elif impl == MXO:
+        elif impl in (MXO, MXJ):
           extra.update(config=mx_config(m, n), path=run.mx_path(calls))
-        if impl in (OURS, PERT, MXO) and not err < TOL:
+        if impl in (OURS, PERT, MXO, MXJ) and not err < TOL:
           run.fail(f"{suite} decode {m}x{n}x{k} {impl}: rel_err {err:.3e} >= {TOL}")
         reps = args.repeats if impl != JNN else max(1, min(args.repeats, 5))
         stats = time_jax(chain, [(x, ws)], reps, run.target_s)
         record(m, impl, stats, err, calls, wbytes, chain_steps, len(ws), **extra)
         del chain
       except Exception as e:
-        if impl in (OURS, PERT, MXO):
+        if impl in (OURS, PERT, MXO, MXJ):
           run.fail(f"{suite} decode {m}x{n}x{k} {impl} crashed:\n{traceback.format_exc()}")
         else:
           run.peer_error(f"{suite} decode {m}x{n}x{k} {impl}", e)
-    for impl in (OURS, PERT, MXO):
+    for impl in (OURS, PERT, MXO, MXJ):
       if finite.get((m, impl)) is False and finite.get((m, XLA)):
         run.fail(f"{suite} decode {m}x{n}x{k}: {impl}'s chain produced non-finite values")
   del formats, wbw, wpt, wmx, wmq
@@ -649,7 +664,7 @@ def bench_decode(run: BRun, suite: str, n: int, k: int, ms, budget, steps, slow_
 
 
 def _ref_args(impl, x, w):
-  if impl == MXO:
+  if impl in (MXO, MXJ):
     return (x, w)
   if impl in (OURS, JNN):
     return (x[0], w[0], x[1], w[1])

@@ -40,7 +40,8 @@ def test_smoke_suite_on_cpu(tmp_path):
   assert gemm == {"ours_1d2d", "ours_pertensor", "xla_fp8", "ours_mxfp8", "ours_mxfp8[kernel]",
                   "jax_nn_scaled_matmul_mxfp8", "bf16"}
   decode = {r["impl"] for r in rows if r["kind"] == "decode"}
-  assert decode == {"ours_1d2d", "ours_pertensor", "xla_fp8", "ours_mxfp8", "jax_nn_scaled_matmul_mxfp8"}
+  assert decode == {"ours_1d2d", "ours_pertensor", "xla_fp8", "ours_mxfp8", "ours_mxfp8_jaxquant",
+                    "jax_nn_scaled_matmul_mxfp8"}
   quant = {r["impl"] for r in rows if r["kind"] == "quant"}
   assert quant == {"quantize_1x128", "quantize_fp8_channel", "ours_1d2d_gemm",
                    "quantize_1x128+ours_1d2d"}
