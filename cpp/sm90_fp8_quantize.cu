@@ -9,7 +9,9 @@
 // segments (row-major order, so a warp reads 1 KB of contiguous bf16 when K % 128 == 0). The
 // block amax is a butterfly of warp shuffles among the 8 threads of a segment (block 128) or
 // the 2 threads of a 32-block (MX); no shared memory, no second pass. Each thread stores its
-// 16 fp8 bytes with one 16-byte store; the first thread of each scale block stores the scale.
+// 16 fp8 bytes with one 16-byte store; the first thread of each scale block stores the scale
+// (MXFP8: row-major, or straight into the swizzled 128 x 4 atoms the GEMMs read, whose padding
+// rows are zeroed by extra CTAs of the same launch).
 //
 // Bit-exactness with the reference (jax_gmma.quantize._quantize_impl compiled by XLA):
 //  * scale: XLA's algebraic simplifier rewrites `amax / 448` into `amax * f32(1/448)`, so the
@@ -169,8 +171,6 @@ __device__ __forceinline__ void locate(uint32_t seg, uint32_t num_segs, FastDiv 
          (threadIdx.x % kSegThreads) * kVec;
 }
 
-// One segment (16 elements of this thread, 128 with its 7 neighbours): amax, scale, convert,
-// store. Every thread of the warp calls it for every segment (the amax is a warp shuffle).
 // Where the scales go: row-major (M, nb), or for block 32 optionally the swizzled 128 x 4
 // atoms of jax_gmma.layouts "sm100_128x4" (k_atoms = ceil(nb / 4) atoms of 512 bytes per 128
 // rows; byte (r % 32) * 16 + (r / 32 % 4) * 4 + kb % 4 of atom (r / 128, kb / 4)), whose K
@@ -185,6 +185,8 @@ __device__ __forceinline__ int64_t swizzled_word(int64_t r, int64_t j, int64_t k
   return ((r >> 7) * k_atoms + j) * 512 + (r & 31) * 16 + ((r >> 5) & 3) * 4;
 }
 
+// One segment (16 elements of this thread, 128 with its 7 neighbours): amax, scale, convert,
+// store. Every thread of the warp calls it for every segment (the amax is a warp shuffle).
 template <typename T, int kBlock, int kDiv, bool kVectorized>
 __device__ __forceinline__ void quantize_segment(const T* __restrict__ x, int64_t k, int64_t kp,
                                                  ScaleOut so, bool live, int64_t row, int64_t col,
@@ -375,7 +377,8 @@ extern "C" __attribute__((visibility("default"))) cudaError_t jax_gmma_fp8_quant
   if (m == 0) return cudaSuccess;  // nothing to do (and XLA may hand out null buffers)
   if (m < 0 || k < 1 || (block != 128 && block != 32) || !x || !data || !scales)
     return cudaErrorInvalidValue;
-  if (scale_layout != JAX_GMMA_QUANT_SCALES_ROWMAJOR && scale_layout != JAX_GMMA_QUANT_SCALES_SM100_128X4)
+  if (scale_layout != JAX_GMMA_QUANT_SCALES_ROWMAJOR &&
+      scale_layout != JAX_GMMA_QUANT_SCALES_SM100_128X4)
     return cudaErrorInvalidValue;
   const bool swz = scale_layout == JAX_GMMA_QUANT_SCALES_SM100_128X4;
   if (swz && reinterpret_cast<uintptr_t>(scales) % 4 != 0) return cudaErrorInvalidValue;
@@ -394,6 +397,6 @@ extern "C" __attribute__((visibility("default"))) cudaError_t jax_gmma_fp8_quant
 extern "C" __attribute__((visibility("default"))) cudaError_t jax_gmma_fp8_quantize(
     const void* x, int in_dtype, int64_t m, int64_t k, int block, int div_mode, void* data,
     void* scales, cudaStream_t stream) {
-  return jax_gmma_fp8_quantize_ex(x, in_dtype, m, k, block, div_mode, JAX_GMMA_QUANT_SCALES_ROWMAJOR,
-                                  data, scales, stream);
+  return jax_gmma_fp8_quantize_ex(x, in_dtype, m, k, block, div_mode,
+                                  JAX_GMMA_QUANT_SCALES_ROWMAJOR, data, scales, stream);
 }

@@ -38,7 +38,8 @@ ffi::Error Fp8QuantizeImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ff
   auto dd = data->dimensions();
   auto sd = scales->dimensions();
   const bool swz = scale_layout == JAX_GMMA_QUANT_SCALES_SM100_128X4;
-  if (!swz && scale_layout != JAX_GMMA_QUANT_SCALES_ROWMAJOR) return invalid("unknown scale_layout");
+  if (!swz && scale_layout != JAX_GMMA_QUANT_SCALES_ROWMAJOR)
+    return invalid("unknown scale_layout");
   if (swz && block != 32) return invalid("swizzled scales need block 32 (mxfp8)");
   if (xd.size() != 2 || dd.size() != 2 || sd.size() != (swz ? 5u : 2u))
     return invalid("x and data must be 2-D, scales 2-D (row-major) or 5-D (swizzled)");
@@ -60,12 +61,13 @@ ffi::Error Fp8QuantizeImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ff
   const bool scale_ok = block == 128 ? scales->element_type() == ffi::DataType::F32
                                      : (scales->element_type() == ffi::DataType::F8E8M0FNU ||
                                         scales->element_type() == ffi::DataType::U8);
-  const bool dims_ok = swz ? (sd[0] == (m + 127) / 128 && sd[1] == (nb + 3) / 4 && sd[2] == 32 &&
-                              sd[3] == 4 && sd[4] == 4)
+  const bool dims_ok = swz ? (sd[0] == (m + 127) / 128 && sd[1] == (nb + 3) / 4 &&
+                              sd[2] == 32 && sd[3] == 4 && sd[4] == 4)
                             : (sd[0] == m && sd[1] == nb);
   if (!scale_ok || !dims_ok)
     return invalid("scales must be (M, ceil(K / block)) -- swizzled: (ceil(M / 128), "
-                   "ceil(K / 128), 32, 4, 4) -- float32 for block 128, float8_e8m0fnu for block 32");
+                   "ceil(K / 128), 32, 4, 4) -- float32 for block 128, float8_e8m0fnu for "
+                   "block 32");
 #if !defined(JAX_GMMA_HAVE_SM90)
   (void)stream;
   (void)in_dtype;

@@ -22,8 +22,9 @@ Paths (chosen at trace time, per the first CUDA device):
   16 pipeline stages, where the 64-row tiles make at most one wave); and for a few tokens at
   small N the weight-streaming kernel ``cpp/sm90_mxf8_gemm_blockscaled_stream.cu``
   (``sm90_mxf8_stream_16x8_kw{2,4,8,16}``: 16 weight rows x 8 tokens per warp on mma.sync, K
-  split over 2-16 warps; ``sm90_mxf8_stream_16x16_kw{4,8}``: 16 tokens per warp, the same per-block float32 promotion; its FP8 MMA runs as f16 MMAs on
-  sm_90, so its block sums are exact). The promotion costs two float32
+  split over 2-16 warps; ``sm90_mxf8_stream_16x16_kw{4,8}``: 16 tokens per warp; the same
+  per-block float32 promotion; its FP8 MMA runs as f16 MMAs on sm_90, so its block sums are
+  exact). The promotion costs two float32
   operations per accumulator element per 32 of K, so at large M the kernel is bound by the CUDA
   cores (~370 TFLOP/s on an H200) and the exact bf16 route below is faster: from
   ``M >= SM90_DEQUANT_MIN_M`` (512) ``mx_gemm`` takes path ``"dequant"`` on Hopper. Other

@@ -175,9 +175,9 @@ def test_swizzled_scales_from_the_primitive(shape):
     assert "layout=sm100_128x4" in jaxpr  # no separate swizzle after the primitive
   with pytest.raises(ValueError, match="layout must be"):
     qk.quantize_rows(x, "fp8_1x128", layout="sm100_128x4")
-  v = jax.vmap(lambda x: jax_gmma.quantize(x, "mxfp8", layout="sm100_128x4").scales)(x.reshape(1, -1, shape[-1]))
-  v_ref = jax_gmma.quantize(x.reshape(1, -1, shape[-1]), "mxfp8", layout="sm100_128x4",
-                            use_kernel=False).scales
+  xb = x.reshape(1, -1, shape[-1])
+  v = jax.vmap(lambda x: jax_gmma.quantize(x, "mxfp8", layout="sm100_128x4").scales)(xb)
+  v_ref = jax_gmma.quantize(xb, "mxfp8", layout="sm100_128x4", use_kernel=False).scales
   np.testing.assert_array_equal(bits(v), bits(v_ref))
 
 
