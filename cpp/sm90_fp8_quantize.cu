@@ -29,6 +29,7 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include "jax_gmma/gemm_api.h"  // mx_sf_word_offset
 #include "jax_gmma/quantize_api.h"
 
 namespace {
@@ -172,18 +173,13 @@ __device__ __forceinline__ void locate(uint32_t seg, uint32_t num_segs, FastDiv 
 }
 
 // Where the scales go: row-major (M, nb), or for block 32 optionally the swizzled 128 x 4
-// atoms of jax_gmma.layouts "sm100_128x4" (k_atoms = ceil(nb / 4) atoms of 512 bytes per 128
-// rows; byte (r % 32) * 16 + (r / 32 % 4) * 4 + kb % 4 of atom (r / 128, kb / 4)), whose K
-// padding (blocks nb .. 4 k_atoms - 1 of a row) the thread of block nb - 1 zeroes.
+// atoms of jax_gmma.layouts "sm100_128x4" (jax_gmma::mx_sf_word_offset, k_atoms = ceil(nb / 4)),
+// whose K padding (blocks nb .. 4 k_atoms - 1 of a row) the thread of block nb - 1 zeroes.
 struct ScaleOut {
   void* p;
   int64_t nb;
   int64_t k_atoms;  // 0: row-major
 };
-
-__device__ __forceinline__ int64_t swizzled_word(int64_t r, int64_t j, int64_t k_atoms) {
-  return ((r >> 7) * k_atoms + j) * 512 + (r & 31) * 16 + ((r >> 5) & 3) * 4;
-}
 
 // One segment (16 elements of this thread, 128 with its 7 neighbours): amax, scale, convert,
 // store. Every thread of the warp calls it for every segment (the amax is a warp shuffle).
@@ -279,7 +275,8 @@ __device__ __forceinline__ void quantize_segment(const T* __restrict__ x, int64_
     } else if (so.k_atoms == 0) {
       static_cast<uint8_t*>(so.p)[row * so.nb + kb] = e8m0;
     } else {
-      uint8_t* word = static_cast<uint8_t*>(so.p) + swizzled_word(row, kb >> 2, so.k_atoms);
+      uint8_t* word =
+          static_cast<uint8_t*>(so.p) + jax_gmma::mx_sf_word_offset(row, kb >> 2, so.k_atoms);
       word[kb & 3] = e8m0;
       if (kb == so.nb - 1)
         for (int64_t b = (kb & 3) + 1; b < 4; ++b) word[b] = 0;  // the row's K padding
@@ -295,7 +292,7 @@ __device__ __forceinline__ void zero_pad_rows(int64_t m, int64_t k_atoms, uint32
   const int64_t pad_rows = (m + 127) / 128 * 128 - m;
   if (i >= pad_rows * k_atoms) return;
   const int64_t r = m + i / k_atoms, j = i % k_atoms;
-  *reinterpret_cast<uint32_t*>(scales + swizzled_word(r, j, k_atoms)) = 0u;
+  *reinterpret_cast<uint32_t*>(scales + jax_gmma::mx_sf_word_offset(r, j, k_atoms)) = 0u;
 }
 
 template <typename T, int kBlock, int kDiv, bool kVectorized>

@@ -46,6 +46,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "jax_gmma/e8m0.cuh"
 #include "jax_gmma/gemm_api.h"
 
 namespace jax_gmma::sm90_mxf8 {
@@ -156,14 +157,6 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t b
 
 __device__ __forceinline__ void named_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-
-// E8M0 code -> float32 2^(c - 127); c = 0 is the subnormal 2^-127, c = 255 NaN.
-__device__ __forceinline__ float e8m0_to_float(uint32_t c) {
-  uint32_t bits = c << 23;
-  bits = c == 0 ? 0x00400000u : bits;
-  bits = c == 255 ? 0x7fc00000u : bits;
-  return __uint_as_float(bits);
 }
 
 // K-major, 128B-swizzled operand tile (rows of 128 bytes, 8-row / 1024-byte swizzle atoms).

@@ -34,6 +34,7 @@
 
 #include <cstdint>
 
+#include "jax_gmma/e8m0.cuh"
 #include "jax_gmma/gemm_api.h"
 #include "jax_gmma/weightonly_common.cuh"
 
@@ -47,7 +48,6 @@ using wo_detail::to_float;
 using wo_detail::warp_ksteps;
 
 constexpr int kStepK = 128;     // one K step: four 32-K scale blocks, one 32-bit scale word
-constexpr int kAtomBytes = 512; // a 128-row x 4-block scale atom
 constexpr int kDepth = 2;       // weight steps in flight per warp (4 KiB per warp)
 
 struct Params {
@@ -60,19 +60,6 @@ struct Params {
   void* d;
   int64_t k_atoms;    // 4-block atoms along K: ceil(K / 128)
 };
-
-// Byte offset of row r's 32-bit scale word for K step j (blocks 4j .. 4j + 3).
-__device__ __forceinline__ int64_t sf_word(int64_t r, int64_t j, int64_t k_atoms) {
-  return ((r >> 7) * k_atoms + j) * kAtomBytes + (r & 31) * 16 + ((r >> 5) & 3) * 4;
-}
-
-// E8M0 code -> float32 2^(c - 127); c = 0 is the subnormal 2^-127, c = 255 NaN.
-__device__ __forceinline__ float e8m0(uint32_t c) {
-  uint32_t bits = c << 23;
-  bits = c == 0 ? 0x00400000u : bits;
-  bits = c == 255 ? 0x7fc00000u : bits;
-  return __uint_as_float(bits);
-}
 
 __device__ __forceinline__ void mma_e4m3(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                          uint32_t a3, uint32_t b0, uint32_t b1) {
@@ -143,7 +130,7 @@ __global__ void __launch_bounds__(WK * 32) stream_kernel(const Params p) {
 #pragma unroll
       for (int b = 0; b < 4; ++b)
         w.w[r][b] = b < nb ? ld_stream8(wrow[r] + j * kStepK + 32 * b) : make_uint2(0u, 0u);
-      w.s[r] = ld_u32_nc(p.sb + sf_word(rows[r], j, p.k_atoms));
+      w.s[r] = ld_u32_nc(p.sb + mx_sf_word_offset(rows[r], j, p.k_atoms));
     }
   };
   auto load_x = [&](int64_t j, XStep<NT>& x, int nb) {
@@ -155,7 +142,7 @@ __global__ void __launch_bounds__(WK * 32) stream_kernel(const Params p) {
                             : make_uint2(0u, 0u);
 #pragma unroll
       for (int c = 0; c < 2; ++c)
-        x.s[nt][c] = __ldg(reinterpret_cast<const uint32_t*>(p.sa + sf_word(xs_row[nt][c], j, p.k_atoms)));
+        x.s[nt][c] = __ldg(reinterpret_cast<const uint32_t*>(p.sa + mx_sf_word_offset(xs_row[nt][c], j, p.k_atoms)));
     }
   };
 
@@ -165,7 +152,7 @@ __global__ void __launch_bounds__(WK * 32) stream_kernel(const Params p) {
   auto fast = [](uint32_t v, int b) {
     return __uint_as_float((b < 3 ? v << (23 - 8 * b) : v >> 1) & 0x7F800000u);
   };
-  auto exact = [](uint32_t v, int b) { return e8m0((v >> (8 * b)) & 0xff); };
+  auto exact = [](uint32_t v, int b) { return e8m0_to_float((v >> (8 * b)) & 0xff); };
   auto special = [](uint32_t v) {  // a byte equal to 0x00 or 0xFF
     return ((v - 0x01010101u) & ~v & 0x80808080u) | ((~v - 0x01010101u) & v & 0x80808080u);
   };

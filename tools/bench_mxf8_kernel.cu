@@ -59,7 +59,7 @@ double e4m3_value(uint8_t b) {
 }
 
 int64_t sf_offset(int64_t row, int64_t kb, int64_t kb4) {
-  return (row / 128 * kb4 + kb / 4) * 512 + (row % 32) * 16 + (row % 128) / 32 * 4 + kb % 4;
+  return mx_sf_word_offset(row, kb / 4, kb4) + kb % 4;
 }
 
 struct Operands {

@@ -74,6 +74,16 @@ inline int64_t mx_sf_bytes(int64_t rows, int64_t k, int64_t vec) {
   return (rows + 127) / 128 * 128 * ((kb + 3) / 4 * 4);
 }
 
+// Byte offset of row r's 4-byte word for K blocks 4j .. 4j + 3 in that layout (k_atoms =
+// ceil(K blocks / 4) atoms per 128 rows): atom (r / 128, j) of 512 bytes, then
+// (r % 32) * 16 + (r / 32 % 4) * 4; block kb is byte kb % 4 of word kb / 4. Host and device.
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+inline int64_t mx_sf_word_offset(int64_t r, int64_t j, int64_t k_atoms) {
+  return ((r >> 7) * k_atoms + j) * 512 + (r & 31) * 16 + ((r >> 5) & 3) * 4;
+}
+
 // Leading dimension of a block-scale matrix with `rows` rows (see GemmArgs): 16-byte columns.
 inline int64_t block_scale_ld(int64_t rows) { return (rows + 3) / 4 * 4; }
 
