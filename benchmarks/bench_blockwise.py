@@ -132,6 +132,7 @@ OURS, PERT, XLA, JNN, TORCH, BF = ("ours_1d2d", "ours_pertensor", "xla_fp8",
 MXO = "ours_mxfp8"
 MXJ = "ours_mxfp8_jaxquant"  # decode chains: ours_mxfp8 with the activations quantized by XLA
 IMPLS = (OURS, PERT, XLA, MXO, MXJ, JNN, TORCH, BF)
+OURS_DECODE = (OURS, PERT, MXO, MXJ)  # decode chains: ours, checked (errors fail the run)
 QUANT, QUANT_CH, GEMM, FUSED = ("quantize_1x128", "quantize_fp8_channel", "ours_1d2d_gemm",
                                 "quantize_1x128+ours_1d2d")
 QUANT_JAX = "quantize_1x128_jax"  # the pure-JAX path, timed where the kernel runs
@@ -642,18 +643,18 @@ def bench_decode(run: BRun, suite: str, n: int, k: int, ms, budget, steps, slow_
           extra.update(quantizer=MX_QUANTIZER, path="emulated" if run.jnn_emulated else "jax")
         elif impl in (MXO, MXJ):
           extra.update(config=mx_config(m, n), path=run.mx_path(calls))
-        if impl in (OURS, PERT, MXO, MXJ) and not err < TOL:
+        if impl in OURS_DECODE and not err < TOL:
           run.fail(f"{suite} decode {m}x{n}x{k} {impl}: rel_err {err:.3e} >= {TOL}")
         reps = args.repeats if impl != JNN else max(1, min(args.repeats, 5))
         stats = time_jax(chain, [(x, ws)], reps, run.target_s)
         record(m, impl, stats, err, calls, wbytes, chain_steps, len(ws), **extra)
         del chain
       except Exception as e:
-        if impl in (OURS, PERT, MXO, MXJ):
+        if impl in OURS_DECODE:
           run.fail(f"{suite} decode {m}x{n}x{k} {impl} crashed:\n{traceback.format_exc()}")
         else:
           run.peer_error(f"{suite} decode {m}x{n}x{k} {impl}", e)
-    for impl in (OURS, PERT, MXO, MXJ):
+    for impl in OURS_DECODE:
       if finite.get((m, impl)) is False and finite.get((m, XLA)):
         run.fail(f"{suite} decode {m}x{n}x{k}: {impl}'s chain produced non-finite values")
   del formats, wbw, wpt, wmx, wmq

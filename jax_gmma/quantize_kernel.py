@@ -144,15 +144,7 @@ def _batch_rule(args, dims, *, fmt, div_mode, layout):
   """vmap: fold the batch dim into M (rows are independent); swizzled scales are padded per
   batch element, so those are swizzled from the row-major ones by XLA."""
   (x,), (d,) = args, dims
-  x = jnp.moveaxis(x, d, 0)
-  b, m, k = x.shape
-  data, scales = fp8_quantize_p.bind(x.reshape(b * m, k), fmt=fmt, div_mode=div_mode,
-                                     layout="rowmajor")
-  scales = scales.reshape(b, m, scales.shape[-1])
-  if layout != "rowmajor":
-    from .layouts import swizzle_scales
-    scales = swizzle_scales(scales, layout)
-  return (data.reshape(b, m, data.shape[-1]), scales), (0, 0)
+  return _bind_rows(jnp.moveaxis(x, d, 0), fmt, div_mode, layout), (0, 0)
 
 
 batching.primitive_batchers[fp8_quantize_p] = _batch_rule
@@ -201,6 +193,13 @@ def quantize_rows(x, fmt: str = "fp8_1x128", *, div_mode: str = None, layout: st
   if np.dtype(x.dtype) not in INPUT_DTYPES:
     raise TypeError(f"quantize_rows: x must be bfloat16, float16 or float32, got "
                     f"{np.dtype(x.dtype).name}")
+  return _bind_rows(x, fmt, div_mode, layout)
+
+
+def _bind_rows(x, fmt, div_mode, layout):
+  """quantize_rows without its checks (also the vmap rule): a 2-D x binds the primitive as is;
+  leading dims are flattened into M, and swizzled scales are then swizzled per leading index
+  by XLA (their padding is per (rows, K) matrix)."""
   if x.ndim == 2:
     return tuple(fp8_quantize_p.bind(x, fmt=fmt, div_mode=div_mode, layout=layout))
   *lead, k = x.shape
