@@ -12,7 +12,7 @@ from typing import Optional
 
 from . import configs as _tw
 from .configs import KernelConfig
-from .shapes import BlockwiseProblem
+from .shapes import BF16, F32, F8E4M3, BlockwiseProblem, GemmProblem
 
 VARIANTS = ("1d2d", "1d1d")
 
@@ -110,3 +110,45 @@ def select_blockwise_config(problem: BlockwiseProblem, sm_count: int, *, config:
     raise ValueError(f"splits must be 1 for config {cfg.name} (no split-K), got {splits}"
                      if splits >= 0 else f"splits must be >= 0, got {splits}")
   return cfg, int(splits)
+
+
+# -- two-level per-tensor GEMMs through the block-scaled kernel ------------------------------------
+
+#: The block-scaled config a routed two-level GEMM runs (see two_level_route).
+ROUTE_CONFIG = "128x128x128_c1x1_coop"
+#: Margin by which the block-scaled tiles' useful fraction must beat the tensorwise pick's.
+ROUTE_MARGIN = 0.01
+
+
+def two_level_route(problem: GemmProblem, sm_count: int, *, fast_accum: bool = False, config=None,
+                    splits=None, swizzle=None, raster=None) -> bool:
+  """Whether a ``fp8_gemm`` problem with two-level accumulation runs the block-scaled 1d2d kernel
+  (1x128 x 128x128 scales) with its per-tensor / per-row scales broadcast to every K block,
+  instead of the tensorwise family's pick.
+
+  Same arithmetic: both promote the tensor core's 128-K sums into float32 (the block-scaled
+  kernel multiplies each sum by sa * sb before adding it, the tensorwise one multiplies the total
+  in the epilogue). The block-scaled 128x128 tiles fill the GPU's waves better where the
+  tensorwise two-level pick (128x192 first) leaves part of its last wave or edge tiles idle;
+  measured on the H200 (benchmarks/results/2026-11-30-h200/session15/, same process, µs):
+  4096^3 139.1 -> 123.1, 2048x8192x8192 271.7 -> 242.0, 4096x4096x7168 235.3 -> 226.0,
+  4096x24576x1536 354.3 -> 327.1; not routed (rule below): 8192^3 992.3 vs 1083.6,
+  4096x2112x7168 117.7 vs 123.5.
+
+  Routed when: two-level accumulation with nothing forced (config, splits, tile order), M > 64,
+  e4m3 x e4m3, a per-tensor B scale (a per-channel one would need the 1x128 weight-scale kernel,
+  measured 1.4-1.5x slower), bfloat16 or float32 output, and the block-scaled config's useful
+  fraction (waves and edge tiles) beats the tensorwise pick's by more than ROUTE_MARGIN.
+  Pure: no device needed.
+  """
+  if fast_accum or config is not None or splits is not None or swizzle is not None or raster is not None:
+    return False
+  if problem.m <= 64 or problem.a_dtype != F8E4M3 or problem.b_dtype != F8E4M3:
+    return False
+  if problem.b_scale != "tensor" or problem.out_dtype not in (BF16, F32):
+    return False
+  tw, _ = _tw.select_config(problem, sm_count)
+  bw = CONFIGS[ROUTE_CONFIG]
+  if num_tiles(problem, bw) < sm_count:
+    return False
+  return _tw.useful_fraction(problem, bw, sm_count) > _tw.useful_fraction(problem, tw, sm_count) + ROUTE_MARGIN

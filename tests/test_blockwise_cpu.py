@@ -376,3 +376,30 @@ def test_kernel_table_matches_blockwise_configs():
     triples = {(k["a"], k["b"], k["d"]) for k in table if k["config"] == name}
     assert triples == {("float8_e4m3fn", "float8_e4m3fn", "bfloat16"),
                        ("float8_e4m3fn", "float8_e4m3fn", "float32")}, (name, triples)
+
+
+# -- two-level per-tensor GEMMs routed to the block-scaled kernel ---------------------------------
+
+def _gemm(m, n, k, *, a=E4, b_scale=(), a_scale=(), out=None):
+  return shapes.fp8_gemm_problem((m, k), a, (n, k), E4, a_scale_shape=a_scale, a_scale_dtype=F32,
+                                 b_scale_shape=b_scale, b_scale_dtype=F32,
+                                 out_dtype=out if out is not None else shapes.BF16)
+
+
+def test_two_level_route_rule():
+  # The measured shapes (session 15): routed where the block-scaled tiles were faster.
+  for mnk in [(4096, 4096, 4096), (2048, 8192, 8192), (4096, 4096, 7168), (4096, 24576, 1536),
+              (4096, 7168, 16384), (2048, 4096, 1040)]:
+    assert bc.two_level_route(_gemm(*mnk), 132), mnk
+  for mnk in [(8192, 8192, 8192), (4096, 2112, 7168), (64, 4096, 4096), (256, 8192, 8192), (512, 4096, 1024)]:
+    assert not bc.two_level_route(_gemm(*mnk), 132), mnk
+  p = _gemm(4096, 4096, 4096)
+  assert bc.two_level_route(_gemm(4096, 4096, 4096, a_scale=(4096,)), 132)  # per-row A: broadcast too
+  assert bc.two_level_route(_gemm(4096, 4096, 4096, out=F32), 132)
+  assert not bc.two_level_route(_gemm(4096, 4096, 4096, b_scale=(4096,)), 132)  # per-channel B
+  assert not bc.two_level_route(_gemm(4096, 4096, 4096, a=ml_dtypes.float8_e5m2), 132)
+  assert not bc.two_level_route(_gemm(4096, 4096, 4096, out=np.dtype(np.float16)), 132)
+  for kw in (dict(fast_accum=True), dict(config="128x192x128_c2x1_coop_2lvl"), dict(splits=1),
+             dict(swizzle=2), dict(raster="m")):
+    assert not bc.two_level_route(p, 132, **kw), kw
+  assert bc.ROUTE_CONFIG in bc.CONFIGS and "1d2d" in bc.config_variants(bc.CONFIGS[bc.ROUTE_CONFIG])

@@ -122,6 +122,40 @@ def test_tile_order_same_bits(config, splits):
       assert float(_compare(jnp.asarray(out), ref)[0]) < 4 * TOL[jnp.bfloat16], (sw, ro)
 
 
+@pytest.mark.parametrize("out_dtype", [jnp.bfloat16, jnp.float32])
+def test_two_level_route_to_blockwise(out_dtype):
+  """Two-level GEMMs whose tensorwise tiles fill the waves badly run the block-scaled kernel with
+  broadcast scales (blockwise_configs.two_level_route): 2048 x 4096 takes 4 waves of 128x128
+  tiles (97% useful) instead of 3 of 128x192 (86%). Same arithmetic as the tensorwise kernel:
+  the outputs agree to float32 rounding; K = 1040 ends in a partial 128-block."""
+  from jax_gmma import blockwise
+  k = 1040
+  a = rand_fp8(_key(), (2, 1024, k), E4)
+  b = rand_fp8(_key(), (4096, k), E4)
+  sa_row = jax.random.uniform(_key(), (2, 1024), jnp.float32, 0.5, 2.0) / np.sqrt(k)
+  sb = jnp.float32(0.75)
+  bias = jax.random.normal(_key(), (4096,), jnp.float32).astype(out_dtype)
+  for sa in (jnp.float32(0.02), sa_row):
+    f = jax.jit(lambda a, b, sa, sb, bias: jax_gmma.fp8_gemm(a, b, sa, sb, bias=bias, out_dtype=out_dtype))
+    hlo = f.lower(a, b, sa, sb, bias).as_text()
+    assert blockwise.BLOCKWISE_GEMM_TARGET in hlo and f'"{_backend.FP8_GEMM_TARGET}"' not in hlo
+    out = f(a, b, sa, sb, bias)
+    tw = jax.jit(lambda a, b, sa, sb, bias: jax_gmma.fp8_gemm(
+        a, b, sa, sb, bias=bias, out_dtype=out_dtype, config="128x192x128_c2x1_coop_2lvl"))(a, b, sa, sb, bias)
+    ref = jax_gmma.fp8_gemm_reference(a.reshape(2048, k), b, jnp.reshape(sa, (-1,)), jnp.reshape(sb, (1,)),
+                                      bias, out_dtype=jnp.float32, has_bias=True).reshape(2, 1024, 4096)
+    err, worst, finite = (float(x) for x in _compare(out, ref))
+    assert out.shape == (2, 1024, 4096) and out.dtype == out_dtype and finite
+    assert err < TOL[out_dtype] and worst < 50 * TOL[out_dtype], (err, worst)
+    diff = float(_compare(out, tw)[0])
+    assert diff < (1e-5 if out_dtype == jnp.float32 else 4e-3), diff  # bf16: one rounding apart at most
+  # Not routed: a per-channel B scale, fast accumulation, a forced config.
+  for kw in (dict(sb=jnp.full((4096,), 0.75, jnp.float32)), dict(fast_accum=True), dict(config="128x128x128_c2x1_coop_2lvl")):
+    sbv = kw.pop("sb", sb)
+    hlo = jax.jit(lambda a, b: jax_gmma.fp8_gemm(a, b, 0.02, sbv, out_dtype=out_dtype, **kw)).lower(a, b).as_text()
+    assert blockwise.BLOCKWISE_GEMM_TARGET not in hlo, kw
+
+
 def test_batch_dims():
   a = rand_fp8(_key(), (2, 3, 256), E4)
   b = rand_fp8(_key(), (64, 256), E4)
