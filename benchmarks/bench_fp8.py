@@ -97,6 +97,7 @@ import sys
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # share the GPU with torch
 
 import argparse
+import dataclasses
 import datetime
 import functools
 import gc
@@ -121,7 +122,7 @@ try:
 except ImportError:  # run from a checkout without PYTHONPATH
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   import jax_gmma
-from jax_gmma import _backend, configs as gcfg, shapes as gshapes
+from jax_gmma import _backend, blockwise_configs as gbwc, configs as gcfg, shapes as gshapes
 
 F8 = jnp.float8_e4m3fn
 BF16 = jnp.bfloat16
@@ -409,7 +410,12 @@ class Run:
   def config_for(self, m, n, k, fast_accum=False):
     problem = gshapes.fp8_gemm_problem((m, k), F8, (n, k), F8, a_scale_shape=(), b_scale_shape=(),
                                        out_dtype=BF16)
-    cfg, splits = gcfg.select_config(problem, self.sm_count or H200_SMS, fast_accum=fast_accum)
+    sms = self.sm_count or H200_SMS
+    if gbwc.two_level_route(problem, sms, fast_accum=fast_accum):
+      # ours runs the block-scaled kernel with broadcast scales (jax_gmma.blockwise_configs)
+      bw = gbwc.CONFIGS[gbwc.ROUTE_CONFIG]
+      return dataclasses.replace(bw, name=gbwc.kernel_name(bw, "1d2d")), 1
+    cfg, splits = gcfg.select_config(problem, sms, fast_accum=fast_accum)
     return cfg, splits
 
   def log(self, msg):
