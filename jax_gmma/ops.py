@@ -131,7 +131,9 @@ def fp8_gemm(a, b, a_scale=None, b_scale=None, *, bias=None, out_dtype=jnp.bfloa
     bias: optional (N,); added in float32, stored in ``out_dtype`` first (cast if needed).
     out_dtype: bfloat16, float16 or float32.
     fast_accum: accumulate only in the tensor cores' accumulators (faster for large K, less
-      precise); default is two-level accumulation (fp32 promotion every 128 of K).
+      precise); default is two-level accumulation (fp32 promotion every 128 of K). Two-level
+      GEMMs that the tensorwise tiles fill badly run the block-scaled kernel with the scales
+      broadcast per 128-K block (same arithmetic; ``blockwise_configs.two_level_route``).
     config, splits: force a kernel config (see ``jax_gmma.configs``) and K split count.
     swizzle, raster: force the tile order of the kernel's scheduler (``configs.SWIZZLES``:
       tiles taken in groups of 1, 2, 4 or 8; ``configs.RASTERS``: "auto", "m" or "n"); None =
