@@ -17,7 +17,7 @@ except ImportError:  # pragma: no cover
   from jax.core import Primitive
 from jax._src import dispatch  # apply_primitive: eager execution of a primitive via jit
 
-from . import _backend, blockwise_configs, configs, shapes
+from . import _backend, blockwise, blockwise_configs, configs, shapes
 from .reference import fp8_gemm_reference
 
 fp8_gemm_p = Primitive("jax_gmma_fp8_gemm")
@@ -68,7 +68,6 @@ def _cuda_lowering(ctx, a, b, a_scale, b_scale, bias, *, out_dtype, has_bias, fa
   sm_count = int(dev.core_count)
   if blockwise_configs.two_level_route(problem, sm_count, fast_accum=fast_accum, config=config,
                                        splits=splits, swizzle=swizzle, raster=raster):
-    from . import blockwise  # noqa: PLC0415 -- blockwise imports nothing from here; keeps import order simple
     if blockwise._has_blockwise_kernels():
       return mlir.lower_fun(functools.partial(_two_level_via_blockwise, out_dtype=out_dtype, has_bias=has_bias),
                             multiple_results=False)(ctx, a, b, a_scale, b_scale, bias)
@@ -91,17 +90,12 @@ mlir.register_lowering(fp8_gemm_p, _cuda_lowering, platform="cuda")
 def _two_level_via_blockwise(a, b, a_scale, b_scale, bias, *, out_dtype, has_bias):
   """The two-level GEMM on the block-scaled 1d2d kernel (blockwise_configs.two_level_route): the
   per-tensor or per-row A scale and the per-tensor B scale broadcast to every 128-K block, in
-  the kernel's MN-major scale layout (one small XLA fusion each)."""
-  from . import blockwise  # noqa: PLC0415
+  the kernel's MN-major scale layout (blockwise.kernel_scale_layout; one small XLA fusion each)."""
   m, k = a.shape
   n = b.shape[0]
   kb = -(-k // shapes.BLOCK_K)
-  ld_a = blockwise.scale_ld(m)
-  if a_scale.shape[0] == 1:
-    sa = jnp.broadcast_to(a_scale.reshape(1, 1), (kb, ld_a))
-  else:
-    sa = jnp.pad(jnp.broadcast_to(a_scale.reshape(1, m), (kb, m)), ((0, 0), (0, ld_a - m)))
-  sb = jnp.broadcast_to(b_scale.reshape(1, 1), (kb, blockwise.scale_ld(-(-n // shapes.BLOCK_N))))
+  sa = blockwise.kernel_scale_layout(jnp.broadcast_to(a_scale.reshape(-1, 1), (m, kb)))
+  sb = blockwise.kernel_scale_layout(jnp.broadcast_to(b_scale.reshape(1, 1), (-(-n // shapes.BLOCK_N), kb)))
   bias_in = bias if has_bias else jnp.zeros((1,), out_dtype)
   return blockwise.fp8_blockwise_gemm_p.bind(a, b, sa, sb, bias_in, out_dtype=out_dtype, variant="1d2d",
                                              has_bias=has_bias, config=blockwise_configs.ROUTE_CONFIG,
