@@ -199,6 +199,11 @@ struct Sm90Fp8BlockwiseGemm {
     }
     args.hw_info.device_id = g.device;
     args.hw_info.sm_count = g.sm_count;
+    using Raster = decltype(args.scheduler.raster_order);
+    args.scheduler.max_swizzle_size = g.swizzle;
+    args.scheduler.raster_order = g.raster == 1   ? Raster::AlongM
+                                  : g.raster == 2 ? Raster::AlongN
+                                                  : Raster::Heuristic;
     if constexpr (Cfg::kStreamK) {
       using Decomp = cutlass::gemm::kernel::detail::DecompositionMode;
       using Reduce = cutlass::gemm::kernel::detail::ReductionMode;
@@ -218,6 +223,9 @@ struct Sm90Fp8BlockwiseGemm {
       if (g.splits != 1) return "this config does not split K (splits must be 1)";
     }
     if (g.splits < 0) return "splits must be >= 0";
+    if (g.swizzle != 1 && g.swizzle != 2 && g.swizzle != 4 && g.swizzle != 8)
+      return "swizzle must be 1, 2, 4 or 8";
+    if (g.raster < 0 || g.raster > 2) return "raster must be 0 (heuristic), 1 (along M) or 2 (along N)";
     if (!g.a_block_scale || !g.b_block_scale)
       return "block-scaled kernel called without block scales (wrong handler?)";
     const int64_t rows_b = (g.n + kGranB - 1) / kGranB;
@@ -251,7 +259,8 @@ struct Sm90Fp8BlockwiseGemm {
            x.a_block_scale_ld == y.a_block_scale_ld && x.b_block_scale_ld == y.b_block_scale_ld &&
            x.bias == y.bias && x.d == y.d && x.workspace == y.workspace &&
            x.workspace_bytes == y.workspace_bytes && x.splits == y.splits &&
-           x.sm_count == y.sm_count && x.device == y.device;
+           x.sm_count == y.sm_count && x.device == y.device && x.swizzle == y.swizzle &&
+           x.raster == y.raster;
   }
 
   static cudaError_t run(const GemmArgs& g, cudaStream_t stream) {

@@ -153,8 +153,8 @@ NB_MODULE(_gmma_ext, m) {
   m.def(
       "check_blockwise",
       [](const std::string& config, const std::string& a, const std::string& b, const std::string& d,
-         int64_t mm, int64_t n, int64_t k, int splits, int sm_count,
-         bool has_bias) -> std::pair<std::optional<std::string>, int64_t> {
+         int64_t mm, int64_t n, int64_t k, int splits, int sm_count, bool has_bias, int swizzle,
+         int raster) -> std::pair<std::optional<std::string>, int64_t> {
 #if defined(JAX_GMMA_WITH_CUDA)
         const bool is_1d2d = config.rfind("blockwise_1d2d_", 0) == 0;
         if (!is_1d2d && config.rfind("blockwise_1d1d_", 0) != 0)
@@ -165,6 +165,7 @@ NB_MODULE(_gmma_ext, m) {
         jax_gmma::GemmArgs g;
         g.m = mm; g.n = n; g.k = k;
         g.splits = splits; g.sm_count = sm_count;
+        g.swizzle = swizzle; g.raster = raster;
         static float dummy_scale = 1.f;  // never dereferenced on the host
         g.a_block_scale = g.b_block_scale = &dummy_scale;
         const int64_t rows_b = is_1d2d ? (n + 127) / 128 : n;
@@ -175,12 +176,13 @@ NB_MODULE(_gmma_ext, m) {
         return {std::nullopt, static_cast<int64_t>(e->workspace_size(g))};
 #else
         (void)config; (void)a; (void)b; (void)d; (void)mm; (void)n; (void)k; (void)splits;
-        (void)sm_count; (void)has_bias;
+        (void)sm_count; (void)has_bias; (void)swizzle; (void)raster;
         return {std::string("jax_gmma was built without CUDA kernels"), 0};
 #endif
       },
       nb::arg("config"), nb::arg("a"), nb::arg("b"), nb::arg("d"), nb::arg("m"), nb::arg("n"),
-      nb::arg("k"), nb::arg("splits"), nb::arg("sm_count"), nb::arg("has_bias"));
+      nb::arg("k"), nb::arg("splits"), nb::arg("sm_count"), nb::arg("has_bias"),
+      nb::arg("swizzle") = 1, nb::arg("raster") = 0);
 
   // Blackwell block-scaled MX / NVFP4 family: can_implement + workspace size, host only (no
   // GPU needed), at trace time. Scale factors are sized by mx_sf_bytes (gemm_api.h).

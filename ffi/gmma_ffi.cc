@@ -191,7 +191,7 @@ ffi::Error Fp8BlockwiseGemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyB
                                 ffi::AnyBuffer a_scales, ffi::AnyBuffer b_scales, ffi::AnyBuffer bias,
                                 ffi::Result<ffi::AnyBuffer> d, ffi::Result<ffi::AnyBuffer> workspace,
                                 std::string_view config, int32_t splits, int32_t sm_count,
-                                bool has_bias) {
+                                bool has_bias, int32_t swizzle, int32_t raster) {
   HostTimer timer;
   constexpr std::string_view kTarget = "jax_gmma_fp8_blockwise_gemm";
   int64_t m, n, k;
@@ -221,6 +221,8 @@ ffi::Error Fp8BlockwiseGemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyB
   g.b_block_scale = static_cast<const float*>(b_scales.untyped_data());
   g.a_block_scale_ld = ld_a;
   g.b_block_scale_ld = ld_b;
+  g.swizzle = swizzle;  // checked by the kernel's can_implement at trace time
+  g.raster = raster;
   return launch(entry, g, stream);
 }
 
@@ -331,7 +333,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxGmmaFp8BlockwiseGemm, jax_gmma::Fp8BlockwiseGem
                                   .Attr<std::string_view>("config")
                                   .Attr<int32_t>("splits")
                                   .Attr<int32_t>("sm_count")
-                                  .Attr<bool>("has_bias"),
+                                  .Attr<bool>("has_bias")
+                                  .Attr<int32_t>("swizzle")   // tile order, see GemmArgs
+                                  .Attr<int32_t>("raster"),
                               JAX_GMMA_GRAPH_SAFE_TRAITS);
 
 extern "C" __attribute__((visibility("default"))) void* jax_gmma_fp8_blockwise_gemm_handler() {

@@ -110,22 +110,26 @@ def _has_blockwise_kernels() -> bool:
               any(str(k["config"]).startswith("blockwise_") for k in e.kernels()))
 
 
-def plan(problem: shapes.BlockwiseProblem, sm_count: int, *, config=None, splits=None):
-  """(KernelConfig, splits, workspace bytes) for a problem; raises ValueError when CUTLASS's
-  can_implement rejects it. Host-only; needs the built extension."""
+def plan(problem: shapes.BlockwiseProblem, sm_count: int, *, config=None, splits=None, swizzle=None,
+         raster=None):
+  """(KernelConfig, splits, (swizzle, raster), workspace bytes) for a problem; raises ValueError
+  when CUTLASS's can_implement rejects it. Host-only; needs the built extension."""
   cfg, s = blockwise_configs.select_blockwise_config(problem, sm_count, config=config, splits=splits)
+  order = blockwise_configs.select_tile_order(problem, cfg, swizzle=swizzle, raster=raster)
   name = blockwise_configs.kernel_name(cfg, problem.variant)
   kernel_out = shapes.F32 if problem.out_dtype == shapes.F16 else problem.out_dtype
   err, ws = _backend.ext().check_blockwise(name, problem.a_dtype.name, problem.b_dtype.name,
                                            np.dtype(kernel_out).name, problem.m, problem.n, problem.k,
-                                           s, sm_count, problem.has_bias)
+                                           s, sm_count, problem.has_bias, order[0],
+                                           blockwise_configs.RASTERS[order[1]])
   if err:
-    raise ValueError(f"jax_gmma: kernel {name} (splits={s}) cannot run {problem}: {err}")
-  return cfg, s, ws
+    raise ValueError(f"jax_gmma: kernel {name} (splits={s}, swizzle={order[0]}, raster={order[1]!r}) "
+                     f"cannot run {problem}: {err}")
+  return cfg, s, order, ws
 
 
 def _cuda_lowering(ctx, a, b, a_scales_t, b_scales_t, bias, *, out_dtype, variant, has_bias, config,
-                   splits):
+                   splits, swizzle=None, raster=None):
   params = dict(out_dtype=out_dtype, variant=variant, has_bias=has_bias, config=config, splits=splits)
   dev = _backend.check_cuda_kernels("blockwise_gemm")
   if dev is not None and not _has_blockwise_kernels():
@@ -146,7 +150,8 @@ def _cuda_lowering(ctx, a, b, a_scales_t, b_scales_t, bias, *, out_dtype, varian
                                     a_dtype=np.dtype(av.dtype), b_dtype=np.dtype(bv.dtype),
                                     out_dtype=np.dtype(out_dtype), variant=variant, has_bias=has_bias)
   sm_count = int(dev.core_count)
-  cfg, s, ws = plan(problem, sm_count, config=config, splits=splits)
+  cfg, s, (sw, ro), ws = plan(problem, sm_count, config=config, splits=splits, swizzle=swizzle,
+                              raster=raster)
   # The workspace (stream-K partials and flags) is a second result: XLA owns the memory, so it
   # is valid under CUDA-graph replay and nothing is allocated at run time.
   ws_aval = ShapedArray((max(int(ws), 16),), np.dtype(np.uint8))
@@ -154,7 +159,8 @@ def _cuda_lowering(ctx, a, b, a_scales_t, b_scales_t, bias, *, out_dtype, varian
   sub = ctx.replace(avals_out=[ctx.avals_out[0], ws_aval])
   results = rule(sub, a, b, a_scales_t, b_scales_t, bias,
                  config=blockwise_configs.kernel_name(cfg, variant), splits=np.int32(s),
-                 sm_count=np.int32(sm_count), has_bias=bool(has_bias))
+                 sm_count=np.int32(sm_count), has_bias=bool(has_bias), swizzle=np.int32(sw),
+                 raster=np.int32(blockwise_configs.RASTERS[ro]))
   return [results[0]]
 
 
@@ -164,7 +170,8 @@ mlir.register_lowering(fp8_blockwise_gemm_p, _cuda_lowering, platform="cuda")
 # -- public API --------------------------------------------------------------------------------
 
 def blockwise_gemm(a, b, a_scales, b_scales, *, bias=None, out_dtype=jnp.bfloat16,
-                   config: Optional[str] = None, splits: Optional[int] = None):
+                   config: Optional[str] = None, splits: Optional[int] = None,
+                   swizzle: Optional[int] = None, raster: Optional[str] = None):
   """Block-scaled FP8 GEMM: ``out[m, n] = sum_kb a_scales[m, kb] * b_scales[n // G, kb] *
   sum_{k in block kb} a[m, k] * b[n, k]  (+ bias[n])``.
 
@@ -179,6 +186,8 @@ def blockwise_gemm(a, b, a_scales, b_scales, *, bias=None, out_dtype=jnp.bfloat1
     bias: optional (N,); added in float32, stored in ``out_dtype`` first (cast if needed).
     out_dtype: bfloat16, float32, or float16 (computed by the float32 kernel, then rounded once).
     config, splits: force a kernel config (``jax_gmma.blockwise_configs.CONFIGS``) and K split.
+    swizzle, raster: force the persistent scheduler's tile order (swizzle 1/2/4/8, raster
+      "auto"/"m"/"n"; see ``jax_gmma.fp8_gemm``); None = ``blockwise_configs.select_tile_order``.
 
   Runs the CUTLASS kernel on Hopper GPUs and the pure-JAX reference elsewhere (on CUDA GPUs
   without a kernel only when allowed, see ``jax_gmma.allow_reference``).
@@ -195,6 +204,7 @@ def blockwise_gemm(a, b, a_scales, b_scales, *, bias=None, out_dtype=jnp.bfloat1
       bias_dtype=None if bias_arr is None else bias_arr.dtype, out_dtype=out_dtype)
   if config is not None:
     blockwise_configs.get_config(config, problem.variant)
+  blockwise_configs.check_tile_order(swizzle, raster)
   # float16 output: the float32 kernel, then one rounding (identical to a float16 epilogue).
   kernel_out = shapes.F32 if out_dtype == shapes.F16 else out_dtype
   a2 = a.reshape(problem.m, problem.k)
@@ -205,7 +215,8 @@ def blockwise_gemm(a, b, a_scales, b_scales, *, bias=None, out_dtype=jnp.bfloat1
   else:
     bias_in = jnp.zeros((1,), kernel_out)  # placeholder operand, ignored (has_bias=False)
   out = fp8_blockwise_gemm_p.bind(a2, b, sa, sb, bias_in, out_dtype=kernel_out, variant=problem.variant,
-                                  has_bias=bias_arr is not None, config=config, splits=splits)
+                                  has_bias=bias_arr is not None, config=config, splits=splits,
+                                  swizzle=swizzle, raster=raster)
   if kernel_out != out_dtype:
     out = out.astype(out_dtype)
   return out.reshape(shapes.output_shape(problem))

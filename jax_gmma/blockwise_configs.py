@@ -8,6 +8,7 @@ Pure Python: tested on CPU. The heuristic is unmeasured (no GPU numbers yet).
 """
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 from . import configs as _tw
@@ -61,6 +62,28 @@ def configs_table() -> str:
 
 # Tile arithmetic shared with the tensorwise family (it reads only problem.m/n/k and the config).
 num_tiles = _tw.num_tiles
+RASTERS = _tw.RASTERS
+check_tile_order = _tw.check_tile_order
+
+
+def select_tile_order(problem, cfg: KernelConfig, *, swizzle=None, raster=None) -> tuple:
+  """(swizzle, raster) of the persistent scheduler for a block-scaled config: the caller's where
+  given, else: data-parallel large-M tiles walk along M in groups of 8 N tiles when 8 divides
+  the N tile count (the tensorwise family's rule), everything else keeps CUTLASS's default
+  order (1, "auto": ungrouped, along the dimension with fewer tiles). Measured on the H200 with
+  ``128x128x128_c1x1_coop``, 1x128 x 128x128 scales, against the default order, 3 interleaved
+  rounds, µs (benchmarks/results/2026-12-01-h200/session16/): 8192^3 1140.6 -> 1003.0,
+  4096x7168x16384 913.6 -> 872.5, 4096x4096x7168 235.5 -> 227.1, 4096x4096x4096 133.9 -> 135.1,
+  2048x8192x8192 253.3 -> 258.3, 4096x24576x1536 337.2 -> 337.8. 4096x2112x7168 (17 N tiles)
+  keeps the default: 132.5 (8 along M: 170.8; 1 along M, the tensorwise family's choice there:
+  146.1)."""
+  check_tile_order(swizzle, raster)
+  rule = (1, "auto")
+  if not cfg.swap_ab and not cfg.stream_k and math.ceil(problem.n / cfg.tile[1]) % 8 == 0:
+    rule = (8, "m")
+  return (rule[0] if swizzle is None else int(swizzle)), (rule[1] if raster is None else raster)
+
+
 wave_efficiency = _tw.wave_efficiency
 choose_splits = _tw.choose_splits
 

@@ -297,6 +297,26 @@ def test_heuristic_large_m():
   assert cfg.name == "128x128x128_c1x1_coop_streamk" and s == bc.STREAM_K_HEURISTIC
 
 
+def test_tile_order_rule():
+  # Data-parallel large-M tiles along M, 8 N tiles per group when 8 divides the N tile count;
+  # everything else (decode swap-AB, stream-K, other N) keeps CUTLASS's default order.
+  coop = bc.CONFIGS["128x128x128_c1x1_coop"]
+  assert bc.select_tile_order(prob(8192, 8192, 8192), coop) == (8, "m")
+  assert bc.select_tile_order(prob(4096, 7168, 16384), coop) == (8, "m")  # 56 N tiles
+  assert bc.select_tile_order(prob(4096, 2112, 7168), coop) == (1, "auto")  # 17 N tiles
+  assert bc.select_tile_order(prob(4096, 2112, 7168), coop, swizzle=4, raster="n") == (4, "n")
+  assert bc.select_tile_order(prob(16, 7168, 2048), bc.CONFIGS["swap_128x16x128_coop_streamk"]) == (1, "auto")
+  assert bc.select_tile_order(prob(300, 2112, 7168), bc.CONFIGS["128x128x128_c1x1_coop_streamk"]) == (1, "auto")
+  a, b = jnp.zeros((256, 512), E4), jnp.zeros((256, 512), E4)
+  sa, sb = jnp.ones((256, 4), F32), jnp.ones((2, 4), F32)
+  with pytest.raises(ValueError, match="swizzle must be one of"):
+    jax_gmma.blockwise_gemm(a, b, sa, sb, swizzle=3)
+  with pytest.raises(ValueError, match="raster must be one of"):
+    jax_gmma.blockwise_gemm(a, b, sa, sb, raster="k")
+  out = jax_gmma.blockwise_gemm(a, b, sa, sb, swizzle=2, raster="n")  # the reference ignores it
+  assert out.shape == (256, 256)
+
+
 def test_forced_configs_and_splits():
   p = prob(128, 4096, 4096)
   for name, cfg in bc.CONFIGS.items():
