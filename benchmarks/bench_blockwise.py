@@ -311,10 +311,17 @@ class BRun(Run):
     self.jnn_emulated = not self.on_gpu
     self.torch_recipe = None  # the torch blockwise form that ran, once found
 
+  def _bw_problem(self, m, n, k):
+    return gshapes.fp8_blockwise_problem((m, k), F8, (n, k), F8, (m, -(-k // 128)), F32,
+                                         (-(-n // 128), -(-k // 128)), F32, out_dtype=BF16)
+
   def bw_config_for(self, m, n, k):
-    p = gshapes.fp8_blockwise_problem((m, k), F8, (n, k), F8, (m, -(-k // 128)), F32,
-                                      (-(-n // 128), -(-k // 128)), F32, out_dtype=BF16)
-    return bwc.select_blockwise_config(p, self.sm_count or H200_SMS)
+    return bwc.select_blockwise_config(self._bw_problem(m, n, k), self.sm_count or H200_SMS)
+
+  def bw_tile_order(self, m, n, k, cfg):
+    """The tile order blockwise_gemm picks, as "SWIZZLE:RASTER"."""
+    sw, ra = bwc.select_tile_order(self._bw_problem(m, n, k), cfg)
+    return f"{sw}:{ra}"
 
   def bw_path(self, calls):
     return "kernel" if _backend.FP8_BLOCKWISE_GEMM_TARGET in calls else "reference"
@@ -374,8 +381,7 @@ def bench_gemm(run: BRun, suite: str, m: int, n: int, k: int, max_sets: int = MA
           (MXO, ours_mx_gemm, "mxq"), (f"{MXO}[kernel]", ours_mx_kernel, "mxq"),
           (JNN, make_jnn_gemm(run.jnn_emulated), "mx")]
   # --configs: the same 1x128 x 128x128 GEMM forced onto other configs (extra rows).
-  plan[1:1] = [(f"{OURS}[{name}]", functools.partial(jax_gmma.blockwise_gemm, out_dtype=BF16, config=name),
-                "bw") for name in args.configs]
+  plan[1:1] = [(f"{OURS}[{spec}]", _forced_gemm(spec), "bw") for spec in args.configs]
   plan = [p for p in plan if not args.impls or p[0] in args.impls or p[0].startswith(f"{OURS}[")
           or (p[0] == f"{MXO}[kernel]" and MXO in args.impls)]
   for impl, fn_, fmt in plan:
@@ -389,7 +395,8 @@ def bench_gemm(run: BRun, suite: str, m: int, n: int, k: int, max_sets: int = MA
       err = float(rel_err(fn(*sets[fmt][0]), refs[fmt]))
       extra = {}
       if impl == OURS:
-        extra = dict(config=cfg.name, splits=splits, path=run.bw_path(calls), variant="1d2d")
+        extra = dict(config=cfg.name, splits=splits, tile_order=run.bw_tile_order(m, n, k, cfg),
+                     path=run.bw_path(calls), variant="1d2d")
       elif impl.startswith(f"{OURS}["):
         extra = dict(config=impl[len(OURS) + 1:-1], path=run.bw_path(calls), variant="1d2d")
       elif impl == PERT:
@@ -432,6 +439,16 @@ def bench_gemm(run: BRun, suite: str, m: int, n: int, k: int, max_sets: int = MA
       run.torch.free()
   _add_ratios(rows)
   run.rows.extend(rows)
+
+
+def _forced_gemm(spec: str):
+  """--configs item "NAME" or "NAME@SWIZZLE:RASTER" (tile order forced too, e.g. "...@8:m")."""
+  name, _, order = spec.partition("@")
+  kw = dict(config=name)
+  if order:
+    sw, _, ra = order.partition(":")
+    kw.update(swizzle=int(sw), raster=ra or "auto")
+  return functools.partial(jax_gmma.blockwise_gemm, out_dtype=BF16, **kw)
 
 
 # -- torch blockwise peer ---------------------------------------------------------------------
@@ -845,7 +862,8 @@ def markdown(meta, rows, notes, failures, bar_rows) -> str:
         o = g.get(OURS, {})
         sv = o.get("speedup_vs", {})
         tf = lambda i: _fmt(g.get(i, {}).get("tflops"))
-        L.append(f"| {shape} | {o.get('config', '—')} ({o.get('splits', '—')}) | "
+        order = f" @{o['tile_order']}" if o.get("tile_order", "1:auto") != "1:auto" else ""
+        L.append(f"| {shape} | {o.get('config', '—')} ({o.get('splits', '—')}){order} | "
                  f"{_fmt(o.get('rel_err'), '.1e')} | {tf(OURS)} | {tf(PERT)} | {tf(TORCH)} | "
                  f"{tf(XLA)} | {tf(JNN)} | {tf(BF)} | {_ratio(sv.get(TORCH))} | "
                  f"{_ratio(sv.get(JNN))} | {_ratio(sv.get(PERT))} | {_ratio(sv.get(XLA))} |")
@@ -921,7 +939,8 @@ def parse_args(argv=None):
   p.add_argument("--no-torch", action="store_true", help="skip the torch blockwise peer")
   p.add_argument("--no-plot", action="store_true", help="do not write the PNG")
   p.add_argument("--configs", default="", type=lambda v: [c for c in v.split(",") if c],
-                 help="large/smoke suites: extra rows forcing these blockwise configs (comma list)")
+                 help="large/smoke suites: extra rows forcing these blockwise configs (comma list; "
+                      "NAME@SWIZZLE:RASTER also forces the tile order, e.g. 128x128x128_c1x1_coop@8:m)")
   p.add_argument("--impls", default="", type=lambda v: [c for c in v.split(",") if c],
                  help=f"run only these implementations (comma list of {', '.join(IMPLS)}; default all)")
   p.add_argument("--shapes", default="", type=lambda v: [c for c in v.split(",") if c],
