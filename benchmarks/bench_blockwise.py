@@ -442,9 +442,14 @@ def bench_gemm(run: BRun, suite: str, m: int, n: int, k: int, max_sets: int = MA
 
 
 def _forced_gemm(spec: str):
-  """--configs item "NAME" or "NAME@SWIZZLE:RASTER" (tile order forced too, e.g. "...@8:m")."""
+  """--configs item "NAME[/SPLITS][@SWIZZLE:RASTER]": a config, optionally its K split (stream-K
+  configs; 0 = CUTLASS's stream-K heuristic) and the tile order, e.g. "...coop@8:m",
+  "128x128x128_c1x1_coop_streamk/0"."""
   name, _, order = spec.partition("@")
+  name, _, splits = name.partition("/")
   kw = dict(config=name)
+  if splits:
+    kw.update(splits=int(splits))
   if order:
     sw, _, ra = order.partition(":")
     kw.update(swizzle=int(sw), raster=ra or "auto")
@@ -940,7 +945,8 @@ def parse_args(argv=None):
   p.add_argument("--no-plot", action="store_true", help="do not write the PNG")
   p.add_argument("--configs", default="", type=lambda v: [c for c in v.split(",") if c],
                  help="large/smoke suites: extra rows forcing these blockwise configs (comma list; "
-                      "NAME@SWIZZLE:RASTER also forces the tile order, e.g. 128x128x128_c1x1_coop@8:m)")
+                      "NAME[/SPLITS][@SWIZZLE:RASTER] also forces the K split and the tile order, e.g. "
+                      "128x128x128_c1x1_coop@8:m, 128x128x128_c1x1_coop_streamk/0)")
   p.add_argument("--impls", default="", type=lambda v: [c for c in v.split(",") if c],
                  help=f"run only these implementations (comma list of {', '.join(IMPLS)}; default all)")
   p.add_argument("--shapes", default="", type=lambda v: [c for c in v.split(",") if c],
