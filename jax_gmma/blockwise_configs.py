@@ -4,7 +4,8 @@ Names match ``cpp/sm90_fp8_gemm_blockwise_inst.cuh``; the compiled kernel of a c
 scale variant is ``blockwise_<variant>_<name>`` (variant "1d2d": 1x128 x 128x128 scales,
 "1d1d": 1x128 x 1x128). All configs accumulate two-level: every 128 of K the tensor-core
 accumulators are promoted into float32 multiplied by that K block's scales (``accum="2lvl"``).
-Pure Python: tested on CPU. The heuristic is unmeasured (no GPU numbers yet).
+Pure Python: tested on CPU. The config heuristic mirrors the tensorwise family's measured choices;
+the tile order rule was measured on the H200 (session 16, see select_tile_order).
 """
 from __future__ import annotations
 
@@ -75,8 +76,8 @@ def select_tile_order(problem, cfg: KernelConfig, *, swizzle=None, raster=None) 
   rounds, µs (benchmarks/results/2026-12-01-h200/session16/): 8192^3 1140.6 -> 1003.0,
   4096x7168x16384 913.6 -> 872.5, 4096x4096x7168 235.5 -> 227.1, 4096x4096x4096 133.9 -> 135.1,
   2048x8192x8192 253.3 -> 258.3, 4096x24576x1536 337.2 -> 337.8. 4096x2112x7168 (17 N tiles)
-  keeps the default: 132.5 (8 along M: 170.8; 1 along M, the tensorwise family's choice there:
-  146.1)."""
+  keeps the default: 134.2 (8 along M: 170.6; 1 along M, the tensorwise family's choice there:
+  141.7; route_ab.json)."""
   check_tile_order(swizzle, raster)
   rule = (1, "auto")
   if not cfg.swap_ab and not cfg.stream_k and math.ceil(problem.n / cfg.tile[1]) % 8 == 0:
