@@ -112,8 +112,8 @@ def _has_blockwise_kernels() -> bool:
 
 def plan(problem: shapes.BlockwiseProblem, sm_count: int, *, config=None, splits=None, swizzle=None,
          raster=None):
-  """(KernelConfig, splits, (swizzle, raster), workspace bytes) for a problem; raises ValueError
-  when CUTLASS's can_implement rejects it. Host-only; needs the built extension."""
+  """(KernelConfig, splits, workspace bytes, (swizzle, raster)) for a problem (ops.plan's order);
+  raises ValueError when CUTLASS's can_implement rejects it. Host-only; needs the built extension."""
   cfg, s = blockwise_configs.select_blockwise_config(problem, sm_count, config=config, splits=splits)
   order = blockwise_configs.select_tile_order(problem, cfg, swizzle=swizzle, raster=raster)
   name = blockwise_configs.kernel_name(cfg, problem.variant)
@@ -125,11 +125,11 @@ def plan(problem: shapes.BlockwiseProblem, sm_count: int, *, config=None, splits
   if err:
     raise ValueError(f"jax_gmma: kernel {name} (splits={s}, swizzle={order[0]}, raster={order[1]!r}) "
                      f"cannot run {problem}: {err}")
-  return cfg, s, order, ws
+  return cfg, s, ws, order
 
 
 def _cuda_lowering(ctx, a, b, a_scales_t, b_scales_t, bias, *, out_dtype, variant, has_bias, config,
-                   splits, swizzle=None, raster=None):
+                   splits, swizzle, raster):
   params = dict(out_dtype=out_dtype, variant=variant, has_bias=has_bias, config=config, splits=splits)
   dev = _backend.check_cuda_kernels("blockwise_gemm")
   if dev is not None and not _has_blockwise_kernels():
@@ -150,7 +150,7 @@ def _cuda_lowering(ctx, a, b, a_scales_t, b_scales_t, bias, *, out_dtype, varian
                                     a_dtype=np.dtype(av.dtype), b_dtype=np.dtype(bv.dtype),
                                     out_dtype=np.dtype(out_dtype), variant=variant, has_bias=has_bias)
   sm_count = int(dev.core_count)
-  cfg, s, (sw, ro), ws = plan(problem, sm_count, config=config, splits=splits, swizzle=swizzle,
+  cfg, s, ws, (sw, ro) = plan(problem, sm_count, config=config, splits=splits, swizzle=swizzle,
                               raster=raster)
   # The workspace (stream-K partials and flags) is a second result: XLA owns the memory, so it
   # is valid under CUDA-graph replay and nothing is allocated at run time.

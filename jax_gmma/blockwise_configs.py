@@ -9,7 +9,6 @@ the tile order rule was measured on the H200 (session 16, see select_tile_order)
 """
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 from . import configs as _tw
@@ -78,11 +77,7 @@ def select_tile_order(problem, cfg: KernelConfig, *, swizzle=None, raster=None) 
   2048x8192x8192 253.3 -> 258.3, 4096x24576x1536 337.2 -> 337.8. 4096x2112x7168 (17 N tiles)
   keeps the default: 134.2 (8 along M: 170.6; 1 along M, the tensorwise family's choice there:
   141.7; route_ab.json)."""
-  check_tile_order(swizzle, raster)
-  rule = (1, "auto")
-  if not cfg.swap_ab and not cfg.stream_k and math.ceil(problem.n / cfg.tile[1]) % 8 == 0:
-    rule = (8, "m")
-  return (rule[0] if swizzle is None else int(swizzle)), (rule[1] if raster is None else raster)
+  return _tw.select_tile_order(problem, cfg, swizzle=swizzle, raster=raster, ungrouped_raster="auto")
 
 
 wave_efficiency = _tw.wave_efficiency

@@ -111,7 +111,8 @@ def check_tile_order(swizzle, raster) -> None:
     raise ValueError(f"raster must be one of {tuple(RASTERS)} or None, got {raster!r}")
 
 
-def select_tile_order(problem: GemmProblem, cfg: KernelConfig, *, swizzle=None, raster=None) -> tuple:
+def select_tile_order(problem: GemmProblem, cfg: KernelConfig, *, swizzle=None, raster=None,
+                      ungrouped_raster: str = "m") -> tuple:
   """(swizzle, raster) for a problem and config: the caller's where given, else the rule.
 
   Data-parallel large-M configs: walk the tiles along M, in groups of 8 N tiles when the N tile
@@ -120,12 +121,14 @@ def select_tile_order(problem: GemmProblem, cfg: KernelConfig, *, swizzle=None, 
   along the dimension with fewer tiles) with the fast tiles (session7/sweep_tile_order):
   8192^3 881.8 vs 901.6 us, 4096x7168x16384 743.9 vs 769.6, 4096x2112x7168 105.9 vs 108.5,
   2048x8192x8192 206.7 vs 205.5. Decode (swap-AB) and stream-K configs keep CUTLASS's default
-  (1, "auto").
+  (1, "auto"). `ungrouped_raster`: the raster of a data-parallel grid whose N tiles 8 does not
+  divide ("m" here; the block-scaled family passes "auto", measured in
+  blockwise_configs.select_tile_order).
   """
   check_tile_order(swizzle, raster)
   rule = (1, "auto")
   if not cfg.swap_ab and not cfg.stream_k:
-    rule = (8 if math.ceil(problem.n / cfg.tile[1]) % 8 == 0 else 1, "m")
+    rule = (8, "m") if math.ceil(problem.n / cfg.tile[1]) % 8 == 0 else (1, ungrouped_raster)
   return (rule[0] if swizzle is None else int(swizzle)), (rule[1] if raster is None else raster)
 
 

@@ -99,7 +99,7 @@ def _two_level_via_blockwise(a, b, a_scale, b_scale, bias, *, out_dtype, has_bia
   bias_in = bias if has_bias else jnp.zeros((1,), out_dtype)
   return blockwise.fp8_blockwise_gemm_p.bind(a, b, sa, sb, bias_in, out_dtype=out_dtype, variant="1d2d",
                                              has_bias=has_bias, config=blockwise_configs.ROUTE_CONFIG,
-                                             splits=1)
+                                             splits=1, swizzle=None, raster=None)
 
 
 def _as_scale(x):
