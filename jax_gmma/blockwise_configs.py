@@ -84,8 +84,10 @@ wave_efficiency = _tw.wave_efficiency
 choose_splits = _tw.choose_splits
 
 
-#: Below this wave efficiency a data-parallel grid is replaced by stream-K.
-MIN_WAVE_EFFICIENCY = 0.8
+#: Below this wave efficiency a data-parallel grid is replaced by stream-K. 0.85 since session 17:
+#: 4096x2112x7168 (544 tiles, 0.82 of 5 waves) ran 128.6 / 130.6 µs on stream-K vs 132.2 / 132.3
+#: data-parallel in two runs (benchmarks/results/2026-12-01-h200/session17/).
+MIN_WAVE_EFFICIENCY = 0.85
 #: CUTLASS's stream-K heuristic decomposition (passed as splits=0 to the kernel).
 STREAM_K_HEURISTIC = 0
 
@@ -101,8 +103,8 @@ def select_blockwise_config(problem: BlockwiseProblem, sm_count: int, *, config:
   when N gives at least half the SMs a tile, else 128-row cooperative tiles with K split until
   the weight stream covers the SMs; 1d2d: always the 128-row cooperative tiles (64-row tiles
   cannot carry 128x128 scales), split by wave efficiency. Otherwise: 128x128 cooperative when
-  its grid fills the GPU's waves well, else 128x128 stream-K. Unmeasured (mirrors the
-  tensorwise family's measured choices).
+  its grid fills the GPU's waves well (MIN_WAVE_EFFICIENCY, measured at 4096x2112x7168), else
+  128x128 stream-K. Otherwise unmeasured (mirrors the tensorwise family's measured choices).
   """
   if sm_count <= 0:
     raise ValueError(f"sm_count must be positive, got {sm_count}")
@@ -135,8 +137,9 @@ def select_blockwise_config(problem: BlockwiseProblem, sm_count: int, *, config:
 
 #: The block-scaled config a routed two-level GEMM runs (see two_level_route).
 ROUTE_CONFIG = "128x128x128_c1x1_coop"
-#: Margin by which the block-scaled tiles' useful fraction must beat the tensorwise pick's.
-ROUTE_MARGIN = 0.01
+#: Margin by which the block-scaled tiles' useful fraction must beat the tensorwise pick's
+#: (0.01 in sessions 15-16; 0.08 since session 17's same-process A/B, see two_level_route).
+ROUTE_MARGIN = 0.08
 
 
 def two_level_route(problem: GemmProblem, sm_count: int, *, fast_accum: bool = False, config=None,
@@ -150,9 +153,14 @@ def two_level_route(problem: GemmProblem, sm_count: int, *, fast_accum: bool = F
   in the epilogue). The block-scaled 128x128 tiles fill the GPU's waves better where the
   tensorwise two-level pick (128x192 first) leaves part of its last wave or edge tiles idle;
   measured on the H200 (benchmarks/results/2026-11-30-h200/session15/, same process, µs):
-  4096^3 139.1 -> 123.1, 2048x8192x8192 271.7 -> 242.0, 4096x4096x7168 235.3 -> 226.0,
-  4096x24576x1536 354.3 -> 327.1; not routed (rule below): 8192^3 992.3 vs 1083.6,
-  4096x2112x7168 117.7 vs 123.5.
+  4096^3 139.1 -> 123.1, 2048x8192x8192 271.7 -> 242.0, 4096x4096x7168 235.3 -> 226.0;
+  not routed (rule below): 8192^3 992.3 vs 1083.6, 4096x2112x7168 117.7 vs 123.5.
+  ROUTE_MARGIN (session 17, benchmarks/results/2026-12-01-h200/session17/route_ab3.json, routed
+  vs the tensorwise 128x192 tile, same process, µs): useful fraction higher by 0.108 -- routed,
+  2048x8192x8192 254.2 vs 260.1, 4096x4096x7168 225.4 vs 236.4; by 0.065-0.066 -- not routed,
+  4096x7168x16384 876.3 vs 871.8, 4096x11008x4096 346.6 vs 339.5, 512x28672x8192 226.2 vs 229.6;
+  by 0.017-0.029 -- not routed, 4096x24576x1536 335.1 vs 324.5, 4096x14336x4096 459.5 vs 434.8,
+  2048x28672x8192 886.9 vs 850.6, 4096x8192x8192 506.0 vs 497.9, 8192x4096x4096 265.6 vs 273.5.
 
   Routed when: two-level accumulation with nothing forced (config, splits, tile order), M > 64,
   e4m3 x e4m3, a per-tensor B scale (a per-channel one would need the 1x128 weight-scale kernel,

@@ -295,6 +295,11 @@ def test_heuristic_large_m():
   assert cfg.name == "128x128x128_c1x1_coop" and s == 1  # 1024 tiles, 97% waves
   cfg, s = bc.select_blockwise_config(prob(129, 2112, 7168), 132)
   assert cfg.name == "128x128x128_c1x1_coop_streamk" and s == bc.STREAM_K_HEURISTIC
+  # 544 tiles fill 0.82 of 5 waves: stream-K (measured faster, session 17)
+  cfg, s = bc.select_blockwise_config(prob(4096, 2112, 7168), 132)
+  assert cfg.name == "128x128x128_c1x1_coop_streamk" and s == bc.STREAM_K_HEURISTIC
+  cfg, s = bc.select_blockwise_config(prob(8192, 8192, 8192), 132)
+  assert cfg.name == "128x128x128_c1x1_coop" and s == 1  # 4096 tiles, 0.97 of 32 waves
 
 
 def test_tile_order_rule():
@@ -407,11 +412,14 @@ def _gemm(m, n, k, *, a=E4, b_scale=(), a_scale=(), out=None):
 
 
 def test_two_level_route_rule():
-  # The measured shapes (session 15): routed where the block-scaled tiles were faster.
-  for mnk in [(4096, 4096, 4096), (2048, 8192, 8192), (4096, 4096, 7168), (4096, 24576, 1536),
-              (4096, 7168, 16384), (2048, 4096, 1040)]:
+  # The measured shapes (sessions 15 and 17): routed where the block-scaled tiles were faster.
+  for mnk in [(4096, 4096, 4096), (2048, 8192, 8192), (4096, 4096, 7168), (2048, 4096, 1040),
+              (1024, 8192, 8192)]:
     assert bc.two_level_route(_gemm(*mnk), 132), mnk
-  for mnk in [(8192, 8192, 8192), (4096, 2112, 7168), (64, 4096, 4096), (256, 8192, 8192), (512, 4096, 1024)]:
+  for mnk in [(8192, 8192, 8192), (4096, 2112, 7168), (64, 4096, 4096), (256, 8192, 8192), (512, 4096, 1024),
+              # session 17: useful fraction better by 0.017-0.066 only, tensorwise as fast or faster
+              (4096, 24576, 1536), (4096, 7168, 16384), (4096, 11008, 4096), (4096, 8192, 8192),
+              (4096, 14336, 4096), (2048, 28672, 8192)]:
     assert not bc.two_level_route(_gemm(*mnk), 132), mnk
   p = _gemm(4096, 4096, 4096)
   assert bc.two_level_route(_gemm(4096, 4096, 4096, a_scale=(4096,)), 132)  # per-row A: broadcast too
