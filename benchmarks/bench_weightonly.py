@@ -14,6 +14,10 @@ Implementations (same process, same run; every one gets bf16 activations in and 
                      activation cast to fp8 in the chain: our FP8 decode kernel.
   xla_fp8            XLA's FP8 GEMM (fp8 operands straight into lax.dot_general -> cuBLASLt FP8
                      or XLA's Triton GEMM), activation cast to fp8 in the chain.
+  ours_*_fp8         (prefill suite) FP8 activations (cast in the step) through the exact FP8 prefill
+                     route, weightonly_gemm(x8, w, path="fp8"), MX weights.
+  ours_nvfp4_fp8r    (prefill suite) the same with NVFP4 weights rounded to e4m3,
+                     path="fp8_rounded" (asked for explicitly; rel_err includes the rounding).
   bf16               jnp.dot(x, w_bf16.T).
   xla_dequant_nvfp4  what JAX users write today: jnp.dot(x, jax_gmma.dequantize(w_q).astype(bf16).T)
                      inside the jitted step (XLA fuses the dequantize, then a bf16 GEMM).
@@ -64,10 +68,14 @@ WO_IMPLS = {"ours_nvfp4": "nvfp4", "ours_mxfp4": "mxfp4", "ours_mxfp6_e2m3": "mx
 #: to e4m3 with a power-of-two scale per row, then jax-gmma's FP8 GEMM. Prefill suite only.
 FP8_ROUTE = {"ours_mxfp4_fp8": "mxfp4", "ours_mxfp6_e2m3_fp8": "mxfp6_e2m3",
              "ours_mxfp6_e3m2_fp8": "mxfp6_e3m2"}
+#: path="fp8_rounded" (asked for explicitly): the same route for any format, weights rounded to
+#: nearest e4m3 (rel_err here is against the exact weights: it includes that rounding).
+FP8_ROUNDED = {"ours_nvfp4_fp8r": "nvfp4"}
 WO_IMPLS.update(FP8_ROUTE)
-for _i in FP8_ROUTE:
+WO_IMPLS.update(FP8_ROUNDED)
+for _i in (*FP8_ROUTE, *FP8_ROUNDED):
   TOL[_i] = 5e-2
-FP8_X = ("ours_fp8", "xla_fp8", *FP8_ROUTE)  # impls whose activations are cast to FP8
+FP8_X = ("ours_fp8", "xla_fp8", *FP8_ROUTE, *FP8_ROUNDED)  # impls whose activations are cast to FP8
 
 
 GLUES = ("prefix", "columns")
@@ -109,6 +117,8 @@ def _steps(k):
       "ours_nvfp4_kernel": lambda x, w: jax_gmma.weightonly_gemm(x, w, path="kernel"),
       "ours_nvfp4_dequant": lambda x, w: jax_gmma.weightonly_gemm(x, w, path="dequant"),
       **{i: (lambda x, w: jax_gmma.weightonly_gemm(x.astype(F8), w, path="fp8")) for i in FP8_ROUTE},
+      **{i: (lambda x, w: jax_gmma.weightonly_gemm(x.astype(F8), w, path="fp8_rounded"))
+         for i in FP8_ROUNDED},
       "ours_fp8": lambda x, w: jax_gmma.fp8_gemm(x.astype(F8), w[0], None, w[1], out_dtype=BF16),
       "xla_fp8": lambda x, w: (lax.dot_general(x.astype(F8), w[0], TN, preferred_element_type=F32)
                                * w[1]).astype(BF16),
@@ -306,7 +316,8 @@ def main(argv=None):
                  help="prefill token counts M,M (default 4096); e.g. 32,64,128,256 to place "
                       "weightonly.PREFILL_MIN_M with impls ours_nvfp4_kernel,ours_nvfp4_dequant")
   p.add_argument("--impls", default="ours_nvfp4,ours_mxfp4,ours_mxfp6_e2m3,ours_mxfp6_e3m2,ours_fp8,"
-                 "xla_fp8,bf16,xla_dequant_nvfp4,ours_mxfp4_fp8,ours_mxfp6_e2m3_fp8,ours_mxfp6_e3m2_fp8",
+                 "xla_fp8,bf16,xla_dequant_nvfp4,ours_mxfp4_fp8,ours_mxfp6_e2m3_fp8,ours_mxfp6_e3m2_fp8,"
+                 "ours_nvfp4_fp8r",
                  help="the *_fp8 impls (FP8 activations through the FP8 prefill route) run in the "
                       "prefill suite only")
   p.add_argument("--glue", choices=GLUES, default="prefix",
@@ -322,10 +333,10 @@ def main(argv=None):
   dev = jax.devices()[0]
   print(f"device: {dev.device_kind}, jax {jax.__version__}", flush=True)
   if args.suite == "smoke":
-    bench_decode(args, rows, fails, ((4096, 4096),), (1, 16), [i for i in impls if i not in FP8_ROUTE])
+    bench_decode(args, rows, fails, ((4096, 4096),), (1, 16), [i for i in impls if i not in FP8_ROUTE and i not in FP8_ROUNDED])
   if args.suite in ("decode", "all"):
     bench_decode(args, rows, fails, args.decode_shapes, args.decode_ms,
-                 [i for i in impls if i not in FP8_ROUTE])
+                 [i for i in impls if i not in FP8_ROUTE and i not in FP8_ROUNDED])
   if args.suite in ("prefill", "all"):
     for m in (int(v) for v in args.prefill_ms.split(",") if v):
       bench_prefill(args, rows, fails, PREFILL_SHAPES,

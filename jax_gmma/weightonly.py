@@ -84,7 +84,16 @@ K is padded to a multiple of 64 (the tile) with zero weights, as for FP4: any K 
   127)``, and jax-gmma's FP8 GEMM (per-token x per-channel scales, float32 promotion every 128 of
   K) multiplies it at FP8 tensor-core speed. ``prepare`` checks the condition once
   (``PackedWeight.fp8_exact``); all-zero blocks do not count (their code is set to 0). NVFP4 has
-  no such route: an e4m3 block scale times an e2m1 code needs up to 5 significant bits.
+  no such route: an e4m3 block scale times an e2m1 code needs up to 6 significant bits.
+* ``"fp8_rounded"`` (FP8 activations, any format; asked for explicitly, never picked by
+  ``"auto"``): the same unpack to e4m3 and FP8 GEMM, with each row scaled by a power of two so
+  that its largest possible weight (the format's largest code times the row's largest block
+  scale, :func:`rounded_row_exponents`) lands in e4m3's top binade (<= 448), and every weight
+  rounded to nearest e4m3. Not exact: weights that need more than e4m3's 4 significant bits (NVFP4
+  codes 1.5, 3, 6 times a block scale whose mantissa is not 1, or small blocks of a row whose
+  block scales span more than e4m3's range) are rounded, at most 2^-4 relative for normal e4m3
+  numbers -- the precision of the FP8 activations it multiplies. It runs at the speed of the
+  ``"fp8"`` path. For MX weights with ``fp8_exact`` it gives the same products as ``"fp8"``.
 """
 from __future__ import annotations
 
@@ -93,6 +102,7 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 from jax.core import ShapedArray
 from jax.interpreters import mlir
@@ -371,6 +381,46 @@ def _row_exp_impl(codes, fmt: str, n: int, k: int):
   return _row_max(_block_codes(codes, fmt, n, k), fmt)
 
 
+#: e4m3's largest finite number: path="fp8_rounded" scales each row's largest possible weight
+#: to at most this.
+E4M3_MAX = 448.0
+
+
+def _rounded_headroom(fmt: str) -> int:
+  """log2 of the power of two that takes an MX block of scale 1 to e4m3's top binade:
+  the largest d with (the format's largest code) * 2^d <= 448 (e2m1 6 -> 6, e2m3 7.5 -> 5,
+  e3m2 28 -> 4)."""
+  vmax = float(ml_dtypes.finfo(_ELEM[fmt][0]).max)
+  return int(np.floor(np.log2(E4M3_MAX / vmax)))
+
+
+def rounded_row_exponents(w: PackedWeight):
+  """(N,) int32 row exponents ``e`` for ``path="fp8_rounded"``: the FP8 copy of row r is
+  ``rn_e4m3(w[r] * 2^(127 - e[r]))``, its GEMM scale ``2^(e[r] - 127)`` (times NVFP4's global
+  scale). ``e`` is the smallest with (the format's largest code) * (the row's largest finite
+  block scale) * 2^(127 - e) <= 448: nothing saturates, and the row's largest weights keep
+  e4m3's full precision. MX formats: :func:`row_exponents` minus the format's headroom
+  (6 / 5 / 4 for e2m1 / e2m3 / e3m2); rows without a nonzero block scale get 127 (NVFP4).
+  Poisoned blocks are ignored (they unpack to NaN)."""
+  w.check_layout("jax_gmma.weightonly.rounded_row_exponents")
+  if w.format in FP8_SPREAD:
+    return row_exponents(w) - _rounded_headroom(w.format)
+  return _rounded_row_exp_impl(w.scales, w.format, w.n, w.k)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3))
+def _rounded_row_exp_impl(codes, fmt: str, n: int, k: int):
+  sv = _scale_values(_block_codes(codes, fmt, n, k), fmt)  # (N, blocks) float32, NaN if poisoned
+  sv = jnp.where(jnp.isfinite(sv), jnp.abs(sv), 0.0)
+  v = jnp.max(sv, axis=1) * np.float32(ml_dtypes.finfo(_ELEM[fmt][0]).max)  # exact (e4m3 x 6)
+  safe = jnp.where(v > 0, v, 1.0)
+  d = jnp.floor(jnp.log2(np.float32(E4M3_MAX) / safe)).astype(jnp.int32)
+  # log2 may land one off at a power of two: settle d exactly (ldexp is exact here)
+  d = jnp.where(jnp.ldexp(safe, d) > E4M3_MAX, d - 1, d)
+  d = jnp.where(jnp.ldexp(safe, d + 1) <= E4M3_MAX, d + 1, d)
+  return jnp.where(v > 0, 127 - d, 127).astype(jnp.int32)
+
+
 @functools.partial(jax.jit, static_argnums=(2, 3, 4))
 def _prepare_impl(data, scales, fmt: str, n: int, k: int):
   kp = -(-k // TILE_K) * TILE_K
@@ -610,14 +660,18 @@ def unpack(w: PackedWeight, dtype=jnp.bfloat16, row_exp=None) -> jax.Array:
   """The (N, Kp) weight of ``w`` (Kp = K rounded up to 64; zero columns past K), without NVFP4's
   global scale, in one pass over the prepared bytes (a CUDA kernel on Hopper, else JAX).
 
-  dtype: bfloat16 (exact for every format), or float8_e4m3fn for MX formats: row r holds
-  ``w[r] * 2^(127 - row_exp[r])`` (``row_exp`` defaults to :func:`row_exponents`), exact when
-  ``w.fp8_exact``."""
+  dtype: bfloat16 (exact for every format), or float8_e4m3fn: row r holds
+  ``rn_e4m3(w[r] * 2^(127 - row_exp[r]))`` (saturating; poisoned blocks NaN). ``row_exp``
+  defaults to :func:`row_exponents` (MX formats; exact when ``w.fp8_exact``); NVFP4 needs it
+  given (e.g. :func:`rounded_row_exponents`)."""
   w.check_layout("jax_gmma.weightonly.unpack")
   dt = np.dtype(jnp.dtype(dtype))
   if dt == shapes.BF16:
     re = jnp.zeros((1,), jnp.int32)
   elif dt == E4M3:
+    if row_exp is None and w.format not in FP8_SPREAD:
+      raise ValueError(f"jax_gmma.weightonly.unpack: {w.format} to float8_e4m3fn needs row_exp "
+                       "(e.g. rounded_row_exponents(w)); row_exponents covers MX formats only")
     re = row_exponents(w) if row_exp is None else jnp.asarray(row_exp, jnp.int32).reshape(w.n)
   else:
     raise TypeError(f"jax_gmma.weightonly.unpack: dtype must be bfloat16 or float8_e4m3fn, got {dt.name}")
@@ -672,7 +726,7 @@ def resolve_cta(m: int, n: int, k: int, fmt: str, rows=None, tokens=None, k_warp
 #: 151 / 287; M = 96: 96 / 253 vs 144 / 301; M = 128: 94 / 325 vs 104 / 302 (a wash: +-10%);
 #: M = 192: 147 / 475 vs 173 / 337 -- 128 stays the switch.
 PREFILL_MIN_M = 128
-PATHS = ("auto", "kernel", "dequant", "fp8")
+PATHS = ("auto", "kernel", "dequant", "fp8", "fp8_rounded")
 
 
 def _pad_k(x2, w: PackedWeight):
@@ -693,14 +747,17 @@ def _dequant_gemm(x2, xs, w: PackedWeight, b, *, out_dtype, has_x_scale: bool, h
                    has_x_scale=has_x_scale, has_bias=has_bias)
 
 
-def _fp8_gemm_route(x8, xs, w: PackedWeight, bias, *, out_dtype, has_x_scale: bool):
-  """The FP8 prefill path (MX weights with ``fp8_exact``, FP8 activations): the weight unpacked
-  to e4m3 with one power-of-two scale per row (exact), then jax-gmma's FP8 GEMM with per-token
-  and per-channel scales (two-level accumulation: float32 every 128 of K)."""
+def _fp8_gemm_route(x8, xs, w: PackedWeight, bias, *, out_dtype, has_x_scale: bool,
+                    rounded: bool = False):
+  """The FP8 prefill paths (FP8 activations): the weight unpacked to e4m3 with one power-of-two
+  scale per row, then jax-gmma's FP8 GEMM with per-token and per-channel scales (two-level
+  accumulation: float32 every 128 of K). ``rounded=False`` ("fp8", MX weights with
+  ``fp8_exact``): :func:`row_exponents`, exact. ``rounded=True`` ("fp8_rounded", any format):
+  :func:`rounded_row_exponents`, weights rounded to nearest e4m3."""
   from .ops import fp8_gemm  # noqa: PLC0415
-  e = row_exponents(w)
+  e = rounded_row_exponents(w) if rounded else row_exponents(w)
   w8 = unpack(w, E4M3, row_exp=e)
-  ws = jnp.ldexp(jnp.ones((w.n,), jnp.float32), e - 127)
+  ws = jnp.ldexp(jnp.broadcast_to(w.global_scale.reshape(()), (w.n,)), e - 127)
   return fp8_gemm(_pad_k(x8, w), w8, xs if has_x_scale else None, ws, bias=bias, out_dtype=out_dtype)
 
 
@@ -723,8 +780,11 @@ def weightonly_gemm(x, w: PackedWeight, *, x_scale=None, bias=None, out_dtype=No
       weight to bf16 once per call, then a bf16 tensor-core GEMM with float32 accumulation),
       "fp8" (the other prefill path, for FP8 x and MX weights whose ``fp8_exact`` is True: unpack
       the weight to FP8 e4m3 with a power-of-two scale per row -- exact -- then jax-gmma's FP8
-      GEMM with per-token x per-channel scales), or "auto" (default): "kernel" when
-      M < :data:`PREFILL_MIN_M`, else "fp8" where it applies, else "dequant".
+      GEMM with per-token x per-channel scales), "fp8_rounded" (the same for FP8 x and any
+      format, every weight rounded to nearest e4m3 after a power-of-two row scale that keeps
+      its row's largest possible weight <= 448: not exact, at most 2^-4 relative per normal
+      weight; only when asked for), or "auto" (default): "kernel" when M < :data:`PREFILL_MIN_M`,
+      else "fp8" where it applies, else "dequant" ("auto" never rounds the weights).
 
   The kernel is built for decode (M up to 16, where it streams the weights at HBM speed); it
   is correct for any M but re-reads the weights per 16 tokens, so large M goes to a prefill
@@ -758,22 +818,25 @@ def weightonly_gemm(x, w: PackedWeight, *, x_scale=None, bias=None, out_dtype=No
     raise ValueError(f"{who}: rows / tokens / k_warps choose the kernel's CTA shape; they do not "
                      "apply to path='dequant'")
   fp8_ok = xdt != shapes.BF16 and w.fp8_exact is True
-  if path == "fp8":
+  if path in ("fp8", "fp8_rounded"):
     if forced:
       raise ValueError(f"{who}: rows / tokens / k_warps choose the kernel's CTA shape; they do not "
-                       "apply to path='fp8'")
+                       f"apply to path={path!r}")
     if xdt == shapes.BF16:
-      raise ValueError(f"{who}: path='fp8' multiplies FP8 activations (x float8_e4m3fn / "
+      raise ValueError(f"{who}: path={path!r} multiplies FP8 activations (x float8_e4m3fn / "
                        "float8_e5m2); x is bfloat16 (use path='dequant', or quantize x)")
+  if path == "fp8":
     if w.format not in FP8_SPREAD:
       raise ValueError(f"{who}: path='fp8' takes MX weights {tuple(FP8_SPREAD)}; {w.format}'s e4m3 "
-                       "block scales times e2m1 codes are not FP8 numbers (use path='dequant')")
+                       "block scales times e2m1 codes are not FP8 numbers (use path='dequant', or "
+                       "path='fp8_rounded' to round them to e4m3)")
     if w.fp8_exact is not True:
       why = ("unknown: w was prepared under a trace (prepare it outside jax.jit)"
              if w.fp8_exact is None else
              f"False: some row's block scales span more than 2^{FP8_SPREAD[w.format]}")
       raise ValueError(f"{who}: path='fp8' needs w.fp8_exact (the weight exactly FP8 with a "
-                       f"power-of-two scale per row); it is {why}. Use path='dequant'")
+                       f"power-of-two scale per row); it is {why}. Use path='dequant' (exact) or "
+                       "path='fp8_rounded'")
   if path == "auto":
     if m < PREFILL_MIN_M or forced:
       path = "kernel"
@@ -812,9 +875,9 @@ def weightonly_gemm(x, w: PackedWeight, *, x_scale=None, bias=None, out_dtype=No
     b = b.astype(out_dtype)
   else:
     b = jnp.zeros((1,), out_dtype)
-  if path == "fp8":
+  if path in ("fp8", "fp8_rounded"):
     out = _fp8_gemm_route(x8, xs, w, None if bias is None else b, out_dtype=out_dtype,
-                          has_x_scale=x_scale is not None)
+                          has_x_scale=x_scale is not None, rounded=path == "fp8_rounded")
     return out.reshape(*lead, w.n)
   if path == "dequant":
     out = _dequant_gemm(x2, xs, w, b, out_dtype=out_dtype, has_x_scale=x_scale is not None,

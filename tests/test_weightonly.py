@@ -3,6 +3,7 @@
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -254,6 +255,18 @@ def _check_unpack(wp):
     if wp.fp8_exact:
       np.testing.assert_array_equal(u8.astype(np.float32)[fin], want[fin])
     assert np.isnan(u8.astype(np.float32)[~fin]).all()
+  # path="fp8_rounded"'s copy (every format): round to nearest e4m3 of the row-scaled weight
+  # (from the exact code x block scale: NVFP4's products are often exact ties between two e4m3
+  # numbers, which ref -- times the global scale, then divided by it -- may have perturbed)
+  e = np.asarray(wo.rounded_row_exponents(wp))
+  u8 = np.asarray(jax.jit(lambda w, e: wo.unpack(w, jnp.float8_e4m3fn, row_exp=e))(wp, e))
+  exact = np.asarray(wo._dequant_impl(wp.packed, wp.scales, jnp.ones((1,), jnp.float32), wp.format,
+                                      wp.n, kp), np.float64)
+  want = (exact * np.exp2(127.0 - e)[:, None]).astype(np.float32)
+  assert np.abs(want[fin]).max(initial=0) <= 448
+  np.testing.assert_array_equal(u8.astype(np.float32)[fin],
+                                want[fin].astype(ml_dtypes.float8_e4m3fn).astype(np.float32))
+  assert np.isnan(u8.astype(np.float32)[~fin]).all()
   return ub
 
 
@@ -343,6 +356,96 @@ def test_fp8_route_errors():
   assert "fp8_gemm" not in text  # auto: the bf16 prefill path for a weight that is not exact
   with pytest.raises(TypeError, match="bfloat16 or float8_e4m3fn"):
     wo.unpack(wp, jnp.float32)
+  with pytest.raises(ValueError, match="needs row_exp"):
+    wo.unpack(wo.prepare(w, "nvfp4"), jnp.float8_e4m3fn)
+  with pytest.raises(ValueError, match="x is bfloat16"):
+    jax_gmma.weightonly_gemm(x8.astype(jnp.bfloat16), wp, path="fp8_rounded")
+  with pytest.raises(ValueError, match="do not apply to path='fp8_rounded'"):
+    jax_gmma.weightonly_gemm(x8, wp, path="fp8_rounded", tokens=8)
+  with pytest.raises(ValueError, match="path must be one of"):
+    jax_gmma.weightonly_gemm(x8, wp, path="fp8_round")
+
+
+def _rounded_weights(wp):
+  """float64 (N, K): the weight path='fp8_rounded' multiplies, from an independent emulation
+  (ml_dtypes rounding of the row-scaled dequantized weight, scaled back)."""
+  g = float(np.asarray(wp.global_scale)[0])
+  e = np.asarray(wo.rounded_row_exponents(wp)).astype(np.float64)
+  # code x block scale, exact (NVFP4's global scale applied after: many products are exact ties
+  # between two e4m3 numbers, so the rounding must see them unperturbed)
+  w = np.asarray(wo._dequant_impl(wp.packed, wp.scales, jnp.ones((1,), jnp.float32), wp.format,
+                                  wp.n, wp.k), np.float64) * np.exp2(127.0 - e)[:, None]
+  w8 = w.astype(np.float32).astype(ml_dtypes.float8_e4m3fn).astype(np.float64)
+  return w8 * np.exp2(e - 127.0)[:, None] * g
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_rounded_row_exponents(fmt):
+  """The row's largest possible weight (largest code x largest finite block scale) lands in
+  e4m3's top binade (224, 448] after the row scale; zero rows and poisoned blocks are handled."""
+  rng = _rng(31)
+  n, k = 64, 256
+  w = rng.standard_normal((n, k)).astype(np.float32) * np.exp2(rng.integers(-30, -6, (n, 1)))
+  w[:, 100:140] *= 2.0 ** 9   # a wide block-scale spread inside each row
+  w[5] = 0                    # an all-zero row
+  w[7, 3] = np.inf            # a poisoned block
+  wp = wo.prepare(w, fmt)
+  e = np.asarray(wo.rounded_row_exponents(wp))
+  assert e.dtype == np.int32 and e.shape == (n,)
+  vmax = float(ml_dtypes.finfo(wo._ELEM[fmt][0]).max)
+  codes = wo._block_codes(wp.scales, fmt, n, k)
+  sv = np.asarray(wo._scale_values(codes, fmt), np.float64)
+  sv = np.where(np.isfinite(sv), sv, 0).max(axis=1)
+  bound = vmax * sv * np.exp2(127.0 - e)
+  live = sv > 0
+  assert (bound[live] <= 448).all() and (bound[live] > 224).all(), bound
+  if fmt in MX:  # an all-zero MX row has code 0 (NVFP4 keeps its zero blocks' scale codes)
+    assert e[5] == -wo._rounded_headroom(fmt)
+  if fmt in MX:  # MX: the exact route's exponent minus the format's headroom
+    np.testing.assert_array_equal(e, np.asarray(wo.row_exponents(wp)) - wo._rounded_headroom(fmt))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_fp8_rounded_matches_emulation(fmt):
+  """path='fp8_rounded' multiplies exactly the e4m3-rounded weights of the emulation; their
+  error against the exact weights is small (e4m3 rounding), and for fp8_exact MX weights the
+  path equals path='fp8'."""
+  rng = _rng(33)
+  n, k, m = 48, 200, 260
+  w = rng.standard_normal((n, k)).astype(np.float32) * np.exp(rng.uniform(-3, 3, (n, 1)))
+  wp = wo.prepare(w, fmt)
+  x = jnp.asarray(rng.standard_normal((m, k)), jnp.float8_e4m3fn)
+  xs = jnp.asarray(rng.uniform(0.5, 2, m), jnp.float32)
+  x64 = np.asarray(x.astype(jnp.float32), np.float64) * np.asarray(xs, np.float64)[:, None]
+  wr = _rounded_weights(wp)
+  f = jax.jit(lambda x, wp, xs: jax_gmma.weightonly_gemm(x, wp, x_scale=xs, out_dtype=jnp.float32,
+                                                         path="fp8_rounded"))
+  out = np.asarray(f(x, wp, xs), np.float64)
+  ref = x64 @ wr.T
+  tol = 1e-6 if jax.default_backend() == "cpu" else 3e-4
+  assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < tol
+  wdq = np.asarray(wo.dequantize_packed(wp), np.float64)
+  werr = np.linalg.norm(wr - wdq) / np.linalg.norm(wdq)
+  exact = x64 @ wdq.T
+  oerr = np.linalg.norm(out - exact) / np.linalg.norm(exact)
+  if fmt == "nvfp4":
+    assert 1e-3 < werr < 4e-2 and oerr < 4e-2, (werr, oerr)  # e4m3 rounding: ~2.4% here
+  else:  # these MX weights are fp8_exact: nothing to round
+    assert wp.fp8_exact and werr == 0
+    out8 = np.asarray(jax.jit(lambda x, wp, xs: jax_gmma.weightonly_gemm(
+        x, wp, x_scale=xs, out_dtype=jnp.float32, path="fp8"))(x, wp, xs), np.float64)
+    assert np.linalg.norm(out - out8) / np.linalg.norm(out8) < tol
+  # MX weights that are not fp8_exact: refused by "fp8", rounded by "fp8_rounded"
+  if fmt in MX:
+    w2 = w.copy()
+    w2[0, :32] *= 2.0 ** -12
+    bad = wo.prepare(w2, fmt)
+    assert bad.fp8_exact is False
+    out = np.asarray(f(x, bad, xs), np.float64)
+    ref = x64 @ _rounded_weights(bad).T
+    assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < tol
+  text = str(jax.make_jaxpr(lambda x, wp: jax_gmma.weightonly_gemm(x, wp, path="fp8_rounded"))(x, wp))
+  assert "jax_gmma_weightonly_unpack" in text and "fp8_gemm" in text
   with pytest.raises(ValueError, match="MX formats only"):
     wo.row_exponents(wo.prepare(w, "nvfp4"))
 
@@ -436,7 +539,8 @@ def _check(fmt, m, n, k, seed, out_dtype=jnp.bfloat16, x_kind="bf16", bias=False
            tokens=None, path="auto", k_warps=None):
   rng = _rng(seed + 99)
   _, wp = _weights(fmt, n, k, seed)
-  wdq = np.asarray(wo.dequantize_packed(wp), np.float64)
+  wdq = (_rounded_weights(wp) if path == "fp8_rounded" else
+         np.asarray(wo.dequantize_packed(wp), np.float64))
   xf = rng.standard_normal((m, k)).astype(np.float32)
   xs = None
   if x_kind == "bf16":
@@ -461,7 +565,7 @@ def _check(fmt, m, n, k, seed, out_dtype=jnp.bfloat16, x_kind="bf16", bias=False
   err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
   # float32 output: 1e-5 for the bf16 mma / GEMM paths; the FP8 tensor cores of path="fp8"
   # accumulate each 128-K chunk in fewer bits before promoting it to float32 (~1e-4).
-  tol = 8e-3 if out_dtype == jnp.bfloat16 else (3e-4 if path == "fp8" else 1e-5)
+  tol = 8e-3 if out_dtype == jnp.bfloat16 else (3e-4 if path.startswith("fp8") else 1e-5)
   assert err < tol, (fmt, m, n, k, err)
   return err
 
@@ -477,13 +581,13 @@ def test_kernel_shapes(fmt, m, n, k):
   _check(fmt, m, n, k, seed=m + n + k, out_dtype=jnp.float32)
 
 
-PATHS = [(f, p) for f in FORMATS for p in ("kernel", "dequant", "fp8") if p != "fp8" or f in MX]
+PATHS = [(f, p) for f in FORMATS for p in ("kernel", "dequant", "fp8", "fp8_rounded") if p != "fp8" or f in MX]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt,path", PATHS)
 def test_kernel_prefill_m4096(fmt, path):
-  _check(fmt, 4096, 4096, 4096, seed=11, path=path, x_kind="fp8" if path == "fp8" else "bf16")
+  _check(fmt, 4096, 4096, 4096, seed=11, path=path, x_kind="fp8" if path.startswith("fp8") else "bf16")
   if path != "kernel":
     _check(fmt, 4096, 28672, 8192, seed=12, path=path, x_kind="fp8")
 
@@ -493,7 +597,7 @@ def test_kernel_prefill_m4096(fmt, path):
 def test_both_paths_at_the_switch(fmt, path):
   # M = 128 is the switch (test_kernel_shapes runs M = 128 on the default path); both must be
   # right there, and with FP8 activations, token scales, bias and K not a multiple of 64.
-  if path != "fp8":
+  if not path.startswith("fp8"):
     _check(fmt, 128, 8192, 8192, seed=21, out_dtype=jnp.float32, path=path)
   _check(fmt, wo.PREFILL_MIN_M, 1024, 2048, seed=22, x_kind="fp8", bias=True, path=path)
   _check(fmt, 300, 256, 200, seed=23, x_kind="fp8", bias=True, path=path, out_dtype=jnp.float32)
