@@ -85,8 +85,8 @@ choose_splits = _tw.choose_splits
 
 
 #: Below this wave efficiency a data-parallel grid is replaced by stream-K. 0.85 since session 17:
-#: 4096x2112x7168 (544 tiles, 0.82 of 5 waves) ran 128.6 / 130.6 µs on stream-K vs 132.2 / 132.3
-#: data-parallel in two runs (benchmarks/results/2026-12-01-h200/session17/).
+#: 4096x2112x7168 (544 tiles, 0.82 of 5 waves) ran 128.6 / 130.6 / 125.7 µs on stream-K vs
+#: 132.2 / 132.3 / 132.5 data-parallel in three runs (benchmarks/results/2026-12-01-h200/session17/).
 MIN_WAVE_EFFICIENCY = 0.85
 #: CUTLASS's stream-K heuristic decomposition (passed as splits=0 to the kernel).
 STREAM_K_HEURISTIC = 0
