@@ -28,7 +28,9 @@ kernel; --glue columns takes out_i[:, :K] as before session 12, a copy kernel pe
 bf16-input impls when M > 1 and N > K), cycling over enough distinct weight copies to exceed the
 60 MB L2; reported per GEMM, with the streamed weight bytes per second (FP4: packed codes + scale
 codes) and the kernel-launching ops per chain (32 when the glue adds none). --decode-shapes /
---decode-ms narrow the suite. Prefill suite: single GEMMs at M = 4096, distinct weights rotated.
+--decode-ms narrow the suite. Prefill suite: single GEMMs at M = 4096, distinct weights rotated,
+the impls timed in --rounds interleaved rounds (sequentially, one impl after the other, before
+session 18).
 """
 from __future__ import annotations
 
@@ -39,11 +41,12 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:  # `python -P` does not put the script's directory on sys.path
   sys.path.insert(0, _HERE)
 
-from bench_fp8 import F8, BF16, F32, TN, _nk_list, compile_jax, md_tail, time_jax  # noqa: E402
+from bench_fp8 import F8, BF16, F32, TN, _nk_list, compile_jax, md_tail, time_jax, time_rounds  # noqa: E402
 
 import argparse  # noqa: E402
 import datetime  # noqa: E402
 import json  # noqa: E402
+import itertools  # noqa: E402
 import math  # noqa: E402
 
 import jax  # noqa: E402
@@ -219,10 +222,14 @@ def bench_decode(args, rows, fails, shapes, ms, impls):
 
 
 def bench_prefill(args, rows, fails, shapes, impls, m=4096):
+  """Single GEMMs at M = m: every impl compiled and checked first, then timed in
+  ``args.rounds`` interleaved rounds (bench_fp8.time_rounds: slow drifts of clocks and
+  temperature hit every impl alike), each call on the next of its distinct weight copies."""
   key = jax.random.PRNGKey(1)
   for n, k in shapes:
     key, sub = jax.random.split(key)
     x = jax.random.normal(sub, (m, k), F32).astype(BF16)
+    timed, meta = {}, {}
     for impl in impls:
       wb = _wbytes(impl, n, k)
       d = max(2, math.ceil(2 * L2_BYTES / wb))
@@ -240,14 +247,19 @@ def bench_prefill(args, rows, fails, shapes, impls, m=4096):
       err = float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
       if impl in TOL and not err < TOL[impl]:
         fails.append(f"prefill {impl} {m}x{n}x{k}: rel_err {err:.2e}")
-      st = time_jax(fn, [(x, w) for w in ws], args.repeats, args.repeat_ms / 1e3)
-      us = st["median_us"]
+      it = itertools.cycle(ws)
+      timed[impl] = lambda fn=fn, it=it: fn(x, next(it))
+      meta[impl] = (err, calls)
+    stats = time_rounds(timed, [()], args.repeats, args.repeat_ms / 1e3, args.rounds)
+    for impl in impls:
+      us = stats[impl]["median_us"]
+      err, calls = meta[impl]
       row = dict(suite="prefill", impl=impl, m=m, n=n, k=k, us=us, tflops=2 * m * n * k / us / 1e6,
-                 rel_err=err, lowered_to=calls)
+                 rel_err=err, lowered_to=calls, rounds=args.rounds)
       rows.append(row)
       print(f"  {m}x{n}x{k} {impl:18s} {us:9.1f} us {row['tflops']:7.1f} TFLOP/s rel_err {err:.1e}",
             flush=True)
-      del ws, fn
+    del timed, meta, stats
 
 
 def _prefill_table(rows):
@@ -312,6 +324,8 @@ def main(argv=None):
   p.add_argument("--out", default="bench_weightonly_out")
   p.add_argument("--repeats", type=int, default=10)
   p.add_argument("--repeat-ms", type=float, default=50.0)
+  p.add_argument("--rounds", type=int, default=3,
+                 help="prefill suite: interleaved rounds over the impls (each of --repeats samples)")
   p.add_argument("--prefill-ms", default="4096",
                  help="prefill token counts M,M (default 4096); e.g. 32,64,128,256 to place "
                       "weightonly.PREFILL_MIN_M with impls ours_nvfp4_kernel,ours_nvfp4_dequant")
@@ -327,6 +341,8 @@ def main(argv=None):
                  help="decode suite: N:K list, e.g. 28672:8192,8192:8192 (as bench_fp8.py)")
   p.add_argument("--decode-ms", type=_int_list, default=DECODE_MS,
                  help="decode suite: token counts, e.g. 1,4,16")
+  p.add_argument("--prefill-shapes", type=_nk_list, default=PREFILL_SHAPES,
+                 help="prefill suite: N:K list (default 8192:8192,28672:8192)")
   args = p.parse_args(argv)
   impls = args.impls.split(",")
   rows, fails = [], []
@@ -339,7 +355,7 @@ def main(argv=None):
                  [i for i in impls if i not in FP8_ROUTE and i not in FP8_ROUNDED])
   if args.suite in ("prefill", "all"):
     for m in (int(v) for v in args.prefill_ms.split(",") if v):
-      bench_prefill(args, rows, fails, PREFILL_SHAPES,
+      bench_prefill(args, rows, fails, args.prefill_shapes,
                     [i for i in impls if i != "xla_dequant_nvfp4"], m=m)
   os.makedirs(args.out, exist_ok=True)
   meta = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
