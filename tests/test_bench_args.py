@@ -88,3 +88,18 @@ def test_weightonly_chain_glue():
   np.testing.assert_array_equal(col, y[:, :32])
   small = np.asarray(b._to_k(y[:, :16], 40, "prefix"), np.float32)
   np.testing.assert_array_equal(small, np.concatenate([y[:, :16]] * 3, axis=1)[:, :40])
+
+
+def test_weightonly_prefill_interleaved(tmp_path):
+  """The prefill suite at a tiny shape (any backend): every impl checked against its float64
+  reference and timed in interleaved rounds."""
+  import json
+  b = _bench_weightonly()
+  rc = b.main(["--suite", "prefill", "--prefill-ms", "128", "--prefill-shapes", "64:256",
+               "--repeats", "2", "--repeat-ms", "1", "--rounds", "2", "--out", str(tmp_path),
+               "--impls", "ours_nvfp4_fp8r,ours_mxfp4_fp8,ours_fp8"])
+  assert rc == 0
+  res = json.load(open(tmp_path / "bench_weightonly.json"))
+  rows = [r for r in res["rows"] if r["suite"] == "prefill"]
+  assert [r["impl"] for r in rows] == ["ours_nvfp4_fp8r", "ours_mxfp4_fp8", "ours_fp8"]
+  assert all(r["rounds"] == 2 and r["us"] > 0 for r in rows) and not res["failures"]
