@@ -12,27 +12,12 @@ benchmarks/results/2026-12-01-h200/session16/peer_kernels/.
 import argparse
 import sys
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-import torch
-
-F8 = torch.float8_e4m3fn
-F8_MAX = 448.0
-
-
-def quant_1x128(x):
-  m, k = x.shape
-  xb = x.view(m, k // 128, 128)
-  s = (xb.abs().amax(-1) / F8_MAX).clamp_min(1e-12)
-  return (xb / s[..., None]).to(F8).view(m, k), s.float()
-
-
-def quant_128x128(w):
-  n, k = w.shape
-  wb = w.view(n // 128, 128, k // 128, 128)
-  s = (wb.abs().amax(dim=(1, 3)) / F8_MAX).clamp_min(1e-12)
-  return (wb / s[:, None, :, None]).to(F8).view(n, k), s.float()
+sys.path.insert(0, "benchmarks")
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import bench_blockwise as BB  # noqa: E402  (its torch quantizers and _scaled_mm recipe)
 
 
 CALLS = []
@@ -78,15 +63,16 @@ def main():
   ap.add_argument("--shapes", default="4096x7168x16384,8192x8192x8192")
   ap.add_argument("--decode", default="64x28672x8192")
   args = ap.parse_args()
+  blockwise_form = BB._torch_recipes(torch)[0][1]  # the form bench_blockwise tries first
   for shp in [s for s in (args.shapes + "," + args.decode).split(",") if s]:
     m, n, k = map(int, shp.split("x"))
-    a, sa = quant_1x128(torch.randn(m, k, device="cuda"))
-    b, sb = quant_128x128(torch.randn(n, k, device="cuda"))
+    a, sa = BB._torch_quant_1x128(torch, torch.randn(m, k, device="cuda"))
+    b, sb = BB._torch_quant_128x128(torch, torch.randn(n, k, device="cuda"))
     one = torch.ones((), device="cuda")
+    # Every lambda binds this shape's operands now: the calls run after the loop (profile()).
     if m >= 128:
-      add_call(f"torch_blockwise_{shp}", lambda: torch._scaled_mm(
-          a, b.t(), scale_a=sa.t().contiguous().t(), scale_b=sb.t(), out_dtype=torch.bfloat16))
-    add_call(f"torch_tensorwise_{shp}", lambda: torch._scaled_mm(
+      add_call(f"torch_blockwise_{shp}", blockwise_form(a, b, sa, sb)[0])
+    add_call(f"torch_tensorwise_{shp}", lambda a=a, b=b, one=one: torch._scaled_mm(
         a, b.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16))
     ja = jnp.asarray(np.asarray(a.view(torch.uint8).cpu())).view(jnp.float8_e4m3fn)
     jb = jnp.asarray(np.asarray(b.view(torch.uint8).cpu())).view(jnp.float8_e4m3fn)
@@ -94,7 +80,7 @@ def main():
       f = jax.jit(lambda x, y, p=prec: jax.lax.dot_general(
           x, y, (((1,), (1,)), ((), ())), precision=getattr(jax.lax.Precision, p),
           preferred_element_type=jnp.bfloat16))
-      add_call(f"xla_{prec.lower()}_{shp}", lambda: f(ja, jb))
+      add_call(f"xla_{prec.lower()}_{shp}", lambda f=f, ja=ja, jb=jb: f(ja, jb))
   profile("/tmp/peer_trace.json")
 
 
