@@ -63,9 +63,8 @@ for (m, n, k) in SHAPES:
   fns["xla_fp8"] = (lambda w8, s: (lax.dot_general(x8, w8, TN, preferred_element_type=F32) * s).astype(BF16), tq)
   compiled = {}
   for name, (f, sets) in fns.items():
-    sets = [s if isinstance(s, tuple) else (s,) for s in sets]
-    c = jax.jit(lambda all_sets, f=f: [f(*a) for a in all_sets]).lower(tuple(sets)).compile()
-    compiled[name] = (lambda c=c, sets=tuple(sets): c(sets))
+    sets = tuple(s if isinstance(s, tuple) else (s,) for s in sets)
+    compiled[name] = (lambda c=B._per_call(f, sets), sets=sets: c(sets))
   stats = B.time_rounds(compiled, [()], 5, 0.15, 3)
   r = {name: st["median_us"] / nsets for name, st in stats.items()}
   res[f"{m}x{n}x{k}"] = dict(us_per_gemm=r, sets=nsets)
