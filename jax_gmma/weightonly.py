@@ -102,7 +102,6 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
-import ml_dtypes
 import numpy as np
 from jax.core import ShapedArray
 from jax.interpreters import mlir
@@ -114,7 +113,7 @@ except ImportError:  # pragma: no cover
 from jax._src import dispatch
 
 from . import _backend, shapes
-from .formats import E2M1, E2M3, E3M2, E4M3, E5M2, E8M0
+from .formats import E2M1, E2M3, E3M2, E4M3, E5M2, E8M0, dtype_max
 from .quantize import QuantizedArray, _decode, _encode, quantize
 
 WEIGHTONLY_TARGET = "jax_gmma_weightonly_gemm"
@@ -381,17 +380,16 @@ def _row_exp_impl(codes, fmt: str, n: int, k: int):
   return _row_max(_block_codes(codes, fmt, n, k), fmt)
 
 
-#: e4m3's largest finite number: path="fp8_rounded" scales each row's largest possible weight
-#: to at most this.
-E4M3_MAX = 448.0
+#: e4m3's largest finite number (448): path="fp8_rounded" scales each row's largest possible
+#: weight to at most this.
+E4M3_MAX = dtype_max(E4M3)
 
 
 def _rounded_headroom(fmt: str) -> int:
   """log2 of the power of two that takes an MX block of scale 1 to e4m3's top binade:
   the largest d with (the format's largest code) * 2^d <= 448 (e2m1 6 -> 6, e2m3 7.5 -> 5,
   e3m2 28 -> 4)."""
-  vmax = float(ml_dtypes.finfo(_ELEM[fmt][0]).max)
-  return int(np.floor(np.log2(E4M3_MAX / vmax)))
+  return int(np.floor(np.log2(E4M3_MAX / dtype_max(_ELEM[fmt][0]))))
 
 
 def rounded_row_exponents(w: PackedWeight):
@@ -412,7 +410,7 @@ def rounded_row_exponents(w: PackedWeight):
 def _rounded_row_exp_impl(codes, fmt: str, n: int, k: int):
   sv = _scale_values(_block_codes(codes, fmt, n, k), fmt)  # (N, blocks) float32, NaN if poisoned
   sv = jnp.where(jnp.isfinite(sv), jnp.abs(sv), 0.0)
-  v = jnp.max(sv, axis=1) * np.float32(ml_dtypes.finfo(_ELEM[fmt][0]).max)  # exact (e4m3 x 6)
+  v = jnp.max(sv, axis=1) * np.float32(dtype_max(_ELEM[fmt][0]))  # exact (e4m3 x 6)
   safe = jnp.where(v > 0, v, 1.0)
   d = jnp.floor(jnp.log2(np.float32(E4M3_MAX) / safe)).astype(jnp.int32)
   # log2 may land one off at a power of two: settle d exactly (ldexp is exact here)

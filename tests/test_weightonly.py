@@ -256,16 +256,11 @@ def _check_unpack(wp):
       np.testing.assert_array_equal(u8.astype(np.float32)[fin], want[fin])
     assert np.isnan(u8.astype(np.float32)[~fin]).all()
   # path="fp8_rounded"'s copy (every format): round to nearest e4m3 of the row-scaled weight
-  # (from the exact code x block scale: NVFP4's products are often exact ties between two e4m3
-  # numbers, which ref -- times the global scale, then divided by it -- may have perturbed)
-  e = np.asarray(wo.rounded_row_exponents(wp))
+  # (_rounded_e4m3: from the exact code x block scale, not from ref, whose trip through the
+  # global scale may have perturbed NVFP4's exact ties)
+  want, e = _rounded_e4m3(wp, kp)
   u8 = np.asarray(jax.jit(lambda w, e: wo.unpack(w, jnp.float8_e4m3fn, row_exp=e))(wp, e))
-  exact = np.asarray(wo._dequant_impl(wp.packed, wp.scales, jnp.ones((1,), jnp.float32), wp.format,
-                                      wp.n, kp), np.float64)
-  want = (exact * np.exp2(127.0 - e)[:, None]).astype(np.float32)
-  assert np.abs(want[fin]).max(initial=0) <= 448
-  np.testing.assert_array_equal(u8.astype(np.float32)[fin],
-                                want[fin].astype(ml_dtypes.float8_e4m3fn).astype(np.float32))
+  np.testing.assert_array_equal(u8.astype(np.float64)[fin], want[fin])
   assert np.isnan(u8.astype(np.float32)[~fin]).all()
   return ub
 
@@ -366,17 +361,22 @@ def test_fp8_route_errors():
     jax_gmma.weightonly_gemm(x8, wp, path="fp8_round")
 
 
-def _rounded_weights(wp):
-  """float64 (N, K): the weight path='fp8_rounded' multiplies, from an independent emulation
-  (ml_dtypes rounding of the row-scaled dequantized weight, scaled back)."""
-  g = float(np.asarray(wp.global_scale)[0])
-  e = np.asarray(wo.rounded_row_exponents(wp)).astype(np.float64)
-  # code x block scale, exact (NVFP4's global scale applied after: many products are exact ties
-  # between two e4m3 numbers, so the rounding must see them unperturbed)
+def _rounded_e4m3(wp, cols):
+  """path='fp8_rounded''s e4m3 copy of the weight's first `cols` columns (float64) and its row
+  exponents, from an independent emulation: ml_dtypes rounding of code x block scale x
+  2^(127 - e). The product is taken exactly (NVFP4's global scale left out: many products are
+  exact ties between two e4m3 numbers, so the rounding must see them unperturbed)."""
+  e = np.asarray(wo.rounded_row_exponents(wp))
   w = np.asarray(wo._dequant_impl(wp.packed, wp.scales, jnp.ones((1,), jnp.float32), wp.format,
-                                  wp.n, wp.k), np.float64) * np.exp2(127.0 - e)[:, None]
-  w8 = w.astype(np.float32).astype(ml_dtypes.float8_e4m3fn).astype(np.float64)
-  return w8 * np.exp2(e - 127.0)[:, None] * g
+                                  wp.n, cols), np.float64) * np.exp2(127.0 - e)[:, None]
+  assert np.nanmax(np.abs(np.where(np.isfinite(w), w, np.nan)), initial=0) <= 448  # nothing saturates
+  return w.astype(np.float32).astype(ml_dtypes.float8_e4m3fn).astype(np.float64), e
+
+
+def _rounded_weights(wp):
+  """float64 (N, K): the weight path='fp8_rounded' multiplies (_rounded_e4m3 scaled back)."""
+  w8, e = _rounded_e4m3(wp, wp.k)
+  return w8 * np.exp2(e - 127.0)[:, None] * float(np.asarray(wp.global_scale)[0])
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
