@@ -19,6 +19,8 @@ from .formats import FORMATS, get_format
 from .ops import fp8_gemm, fp8_gemm_p
 from .quantize import QuantizedArray, dequantize, quantize
 from .reference import fp8_gemm_reference
+from .train import fp8_linear
+from . import transforms  # vmap rules and differentiation errors of the primitives
 from .shapes import BlockwiseProblem, GemmProblem, fp8_blockwise_problem, fp8_gemm_problem
 from . import _backend as _b
 
@@ -32,5 +34,5 @@ __all__ = [
     "blockwise_gemm", "blockwise_gemm_reference", "fp8_blockwise_gemm_p", "scaled_matmul",
     "BlockwiseProblem", "fp8_blockwise_problem", "blockwise_configs",
     "mx", "mx_gemm", "mx_gemm_p",
-    "weightonly", "weightonly_gemm", "PackedWeight",
+    "weightonly", "weightonly_gemm", "PackedWeight", "fp8_linear", "transforms",
 ]

@@ -1,10 +1,13 @@
 """High-level entry points on QuantizedArrays."""
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
+import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from . import shapes
 from .blockwise import blockwise_gemm
@@ -37,7 +40,25 @@ def dot(x, w: QuantizedArray, *, bias=None, out_dtype=None, x_format: str = "fp8
   Block-scaled weights (formats "fp8_128x128" and "fp8_1x128"): x is quantized to "fp8_1x128"
   (one scale per token and 128 of K; ``x_format`` and ``fast_accum`` do not apply) and the
   product runs on :func:`jax_gmma.blockwise_gemm`.
+
+  Differentiable with respect to a float ``x`` and ``bias`` (``jax.grad``, ``jax.vjp``): the
+  on-the-fly quantization of x passes gradients straight through, and the weight is a constant
+  (its cotangent is zero, as under ``lax.stop_gradient``; train weights with
+  :func:`jax_gmma.fp8_linear`). The backward pass is one XLA bfloat16 GEMM (float32
+  accumulation): ``dx = g @ dequantize(w)``, the per-channel / global scales folded into g and
+  the weight exact in bf16 where the format allows (FP8 per-tensor / per-channel, MX, FP4 / FP6
+  weight-only); block-scaled and NVFP4 block weights are rounded to bf16 once.
   """
+  from .weightonly import PackedWeight  # noqa: PLC0415
+  if not isinstance(x, QuantizedArray):
+    x = jnp.asarray(x)
+    return _dot_float(x, w, bias, (None if out_dtype is None else np.dtype(jnp.dtype(out_dtype)),
+                                   x_format, bool(fast_accum), config, splits))
+  return _dot_impl(x, w, bias=bias, out_dtype=out_dtype, x_format=x_format, fast_accum=fast_accum,
+                   config=config, splits=splits)
+
+
+def _dot_impl(x, w, *, bias, out_dtype, x_format, fast_accum, config, splits):
   from .weightonly import PackedWeight  # noqa: PLC0415
   if isinstance(w, PackedWeight):
     return _dot_weightonly(x, w, bias=bias, out_dtype=out_dtype)
@@ -134,3 +155,47 @@ def _dot_weightonly(x, w, *, bias, out_dtype):
   if np.dtype(x.dtype) != shapes.BF16:
     x = x.astype(jnp.bfloat16)
   return weightonly_gemm(x, w, bias=bias, out_dtype=default_out if out_dtype is None else out_dtype)
+
+
+# -- differentiation ---------------------------------------------------------------------------
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _dot_float(x, w, bias, static):
+  out_dtype, x_format, fast_accum, config, splits = static
+  return _dot_impl(x, w, bias=bias, out_dtype=out_dtype, x_format=x_format, fast_accum=fast_accum,
+                   config=config, splits=splits)
+
+
+def _dot_float_fwd(x, w, bias, static):
+  return _dot_float(x, w, bias, static), (w, bias, jnp.zeros((0,), x.dtype))
+
+
+def _dot_float_bwd(static, res, g):
+  w, bias, x_dtype_holder = res
+  n = g.shape[-1]
+  g2 = g.reshape(-1, n)
+  dx = dx_from_dequantized(g2, w).reshape(*g.shape[:-1], w.k).astype(x_dtype_holder.dtype)
+  db = None if bias is None else g2.astype(jnp.float32).sum(0).astype(jnp.asarray(bias).dtype)
+  return dx, None, db  # None: a zero cotangent for every leaf of w
+
+
+_dot_float.defvjp(_dot_float_fwd, _dot_float_bwd)
+
+
+def dx_from_dequantized(g, w):
+  """``g @ dequantize(w)`` for g (M, N): one bfloat16 GEMM with float32 accumulation, float32
+  (M, K). Per-channel / per-tensor / global scales are folded into g (float32, then one bf16
+  rounding) so that the weight operand is exact in bf16 where the format allows."""
+  from .weightonly import PackedWeight, unpack  # noqa: PLC0415
+  g = g.astype(jnp.float32)
+  if isinstance(w, PackedWeight):
+    wb = unpack(w)[:, :w.k]                      # code x block scale: exact in bf16
+    if w.global_scale is not None:
+      g = g * jnp.asarray(w.global_scale, jnp.float32).reshape(())
+  elif w.format.name in DOT_WEIGHT_FORMATS:
+    wb = w.data.astype(jnp.bfloat16)              # e4m3 / e5m2: exact in bf16
+    g = g * jnp.asarray(w.scales, jnp.float32).reshape(1, -1)
+  else:
+    wb = w.dequantize(jnp.float32).astype(jnp.bfloat16)
+  return lax.dot_general(g.astype(jnp.bfloat16), wb, (((1,), (0,)), ((), ())),
+                         preferred_element_type=jnp.float32)
