@@ -103,3 +103,18 @@ def test_weightonly_prefill_interleaved(tmp_path):
   rows = [r for r in res["rows"] if r["suite"] == "prefill"]
   assert [r["impl"] for r in rows] == ["ours_nvfp4_fp8r", "ours_mxfp4_fp8", "ours_fp8"]
   assert all(r["rounds"] == 2 and r["us"] > 0 for r in rows) and not res["failures"]
+
+
+def test_bench_train_smoke(tmp_path):
+  """benchmarks/bench_train.py end to end on a tiny shape: every impl compiled, checked, timed
+  in interleaved rounds, ratios to both peers, JSON + markdown written."""
+  import json  # noqa: PLC0415
+  b = _load_bench("bench_train")
+  assert b.main(["--shapes", "32x64x128", "--rounds", "2", "--repeats", "1", "--target-s", "0.001",
+                 "--out", str(tmp_path)]) == 0
+  rows = json.load(open(tmp_path / "bench_train.json"))["rows"]
+  assert {r["impl"] for r in rows} == set(b.IMPLS)
+  for r in rows:
+    assert r["rounds"] == 2 and r["vs_xla_fp8"] > 0 and r["vs_bf16"] > 0
+    assert r["rel_err_y"] < (0.1 if "fp8" in r["impl"] else 1e-2)
+  assert (tmp_path / "bench_train.md").exists()
