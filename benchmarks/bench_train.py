@@ -11,6 +11,9 @@ out, the output gradient g given):
   xla_fp8    the same recipe and the same quantization code, the three GEMMs as fp8 operands
              straight into lax.dot_general (XLA's cuBLASLt FP8 GEMM; precision DEFAULT = fast
              accumulation for the forward, HIGHEST for dgrad / wgrad).
+  ours_fp8_blockwise  fp8_linear(recipe="blockwise"): DeepSeek-V3's recipe, e4m3 everywhere, 1x128
+             activation / gradient blocks, 128x128 weight blocks, on jax-gmma's block-scaled
+             kernels (no XLA peer: XLA has no block-scaled FP8 GEMM).
   ours_fp8_fastbwd  (diagnostic, not in the default list) ours with tensor-core-only accumulation
              in dgrad / wgrad too (fast_accum_bwd=True): what the two-level backward costs.
   bf16       jax.vjp of x @ w.T in bf16 (XLA's bf16 GEMMs, float32 accumulation).
@@ -44,7 +47,7 @@ from jax import lax  # noqa: E402
 import jax_gmma  # noqa: E402
 
 SHAPES = ((8192, 8192, 8192), (8192, 28672, 8192), (8192, 8192, 28672), (4096, 4096, 4096))
-IMPLS = ("ours_fp8", "xla_fp8", "bf16")
+IMPLS = ("ours_fp8", "ours_fp8_blockwise", "xla_fp8", "bf16")
 HIGHEST = lax.Precision.HIGHEST
 
 
@@ -82,6 +85,7 @@ xla_fp8_linear.defvjp(_xla_fwd, _xla_bwd)
 LINEARS = {
     "ours_fp8": jax_gmma.fp8_linear,
     "xla_fp8": xla_fp8_linear,
+    "ours_fp8_blockwise": functools.partial(jax_gmma.fp8_linear, recipe="blockwise"),
     "ours_fp8_fastbwd": functools.partial(jax_gmma.fp8_linear, fast_accum_bwd=True),
     "bf16": lambda x, w: jnp.dot(x, w.T),
 }

@@ -17,16 +17,29 @@ the float ones) for the backward. Gradients pass straight through the quantizati
 Accumulation follows TransformerEngine's defaults: the forward GEMM accumulates in the tensor
 cores only (``fast_accum_fwd=True``), dgrad and wgrad promote to float32 every 128 of K
 (``fast_accum_bwd=False``); both are arguments.
+
+``recipe="blockwise"`` is DeepSeek-V3's fine-grained recipe on jax-gmma's block-scaled kernels,
+every operand in e4m3 with float32 block scales, each GEMM promoting per 128 of K:
+
+* forward: x in 1x128 blocks (per token and 128 of K), w in 128x128 blocks;
+* dgrad: g in 1x128 blocks (per token and 128 of N) times ``w8.T`` with the transposed
+  128x128 scale grid (exact: a 128x128 block grid transposes into one);
+* wgrad: g and x in 1x128 blocks along the *tokens* (per output / input channel and 128
+  tokens; the forward saves this FP8 copy of x), multiplied by the 1x128 x 1x128 kernel.
+
+It needs K and N to be multiples of 128.
 """
 from __future__ import annotations
 
 import functools
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from . import shapes
+from .blockwise import blockwise_gemm
 from .ops import fp8_gemm
 from .quantize import quantize
 
@@ -35,10 +48,15 @@ E5M2 = jnp.float8_e5m2
 #: wgrad contracts over the tokens M: padded with zero rows to a multiple of this (the GEMM's
 #: K rule; zero rows add nothing).
 M_ALIGN = 16
+RECIPES = ("tensor", "blockwise")
+#: The blockwise recipe's block: K and N multiples of it.
+BLOCK = 128
 
 
-def _check(x, w, bias, out_dtype):
+def _check(x, w, bias, out_dtype, recipe):
   who = "fp8_linear"
+  if recipe not in RECIPES:
+    raise ValueError(f"{who}: recipe must be one of {RECIPES}, got {recipe!r}")
   for name, v in (("x", x), ("w", w)):
     if not jnp.issubdtype(v.dtype, jnp.floating) or np.dtype(v.dtype) not in shapes.OUT_DTYPES:
       raise TypeError(f"{who}: {name} must be bfloat16, float16 or float32 (the master values; "
@@ -54,14 +72,17 @@ def _check(x, w, bias, out_dtype):
     raise ValueError(f"{who}: K = {k} must be a multiple of 16 (the forward GEMM's contraction)")
   if n % 16:
     raise ValueError(f"{who}: N = {n} must be a multiple of 16 (dgrad contracts over N)")
+  if recipe == "blockwise" and (k % BLOCK or n % BLOCK):
+    raise ValueError(f"{who}: recipe='blockwise' needs K and N multiples of {BLOCK} (128x128 weight "
+                     f"blocks, transposed for dgrad), got K = {k}, N = {n}")
   if bias is not None and (bias.shape != (n,) or not jnp.issubdtype(bias.dtype, jnp.floating)):
     raise ValueError(f"{who}: bias must be a float (N,) = ({n},) array, got {bias.dtype}{bias.shape}")
   if out_dtype is not None and np.dtype(jnp.dtype(out_dtype)) not in shapes.OUT_DTYPES:
     raise TypeError(f"{who}: out_dtype must be bfloat16, float16 or float32, got {out_dtype}")
 
 
-def fp8_linear(x, w, bias=None, *, out_dtype=None, fast_accum_fwd: bool = True,
-               fast_accum_bwd: bool = False):
+def fp8_linear(x, w, bias=None, *, out_dtype=None, recipe: str = "tensor",
+               fast_accum_fwd: Optional[bool] = None, fast_accum_bwd: Optional[bool] = None):
   """``x @ w.T + bias`` with FP8 GEMMs in the forward and backward passes (module docstring).
 
   Args:
@@ -69,18 +90,28 @@ def fp8_linear(x, w, bias=None, *, out_dtype=None, fast_accum_fwd: bool = True,
     w: (N, K) bfloat16 / float16 / float32 weight (the master copy; quantized per call).
     bias: optional (N,) float.
     out_dtype: output dtype, default x's. dx comes out in x's dtype, dw in w's, dbias in bias's.
-    fast_accum_fwd, fast_accum_bwd: tensor-core-only accumulation (True) or float32 promotion
-      every 128 of K (False) for the forward GEMM and for dgrad / wgrad.
+    recipe: "tensor" (per-tensor current scaling, e5m2 gradients) or "blockwise" (DeepSeek-V3's
+      1x128 / 128x128 blocks, e4m3 everywhere); see the module docstring.
+    fast_accum_fwd, fast_accum_bwd: recipe "tensor" only: tensor-core-only accumulation (True)
+      or float32 promotion every 128 of K (False) for the forward GEMM and for dgrad / wgrad;
+      None = True / False (TransformerEngine's defaults). The blockwise kernels always promote.
 
-  K and N must be multiples of 16; any number of tokens. Runs jax-gmma's FP8 GEMM kernel on
+  K and N must be multiples of 16 (128 for "blockwise"); any number of tokens. Runs jax-gmma's FP8 GEMM kernel on
   Hopper and the pure-JAX reference elsewhere (``jax_gmma.allow_reference`` on other GPUs).
   """
   x = jnp.asarray(x)
   w = jnp.asarray(w)
   bias = None if bias is None else jnp.asarray(bias)
-  _check(x, w, bias, out_dtype)
+  _check(x, w, bias, out_dtype, recipe)
   out = np.dtype(x.dtype) if out_dtype is None else np.dtype(jnp.dtype(out_dtype))
-  return _linear(x, w, bias, (out, bool(fast_accum_fwd), bool(fast_accum_bwd)))
+  if recipe == "blockwise":
+    if fast_accum_fwd is not None or fast_accum_bwd is not None:
+      raise ValueError("fp8_linear: fast_accum_fwd / fast_accum_bwd apply to recipe='tensor' only "
+                       "(the block-scaled kernels promote every 128 of K)")
+    return _linear_blockwise(x, w, bias, out)
+  fast_fwd = True if fast_accum_fwd is None else bool(fast_accum_fwd)
+  fast_bwd = False if fast_accum_bwd is None else bool(fast_accum_bwd)
+  return _linear(x, w, bias, (out, fast_fwd, fast_bwd))
 
 
 def _quant(v, dtype):
@@ -128,3 +159,49 @@ def _linear_fwd(x, w, bias, static):
 
 
 _linear.defvjp(_linear_fwd, _bwd)
+
+
+# -- recipe "blockwise" --------------------------------------------------------------------------
+
+def _q1x128(v, along_rows=False):
+  """1x128 blocks along v's last axis, or along its rows (``along_rows``: blocks of 128 rows per
+  column, stored transposed: data (cols, rows padded to 128)). The latter quantizes ``v.T``
+  along its last axis: the same numbers as ``quantize(v, axis=0)``, and on Hopper the
+  quantization kernel runs after one XLA transpose instead of the pure-JAX path."""
+  q = quantize(v.T if along_rows else v, "fp8_1x128", dtype=E4M3)
+  return q.data, q.scales
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _linear_blockwise(x, w, bias, out_dtype):
+  return _bw_fwd(x, w, bias, out_dtype)[0]
+
+
+def _bw_fwd(x, w, bias, out_dtype):
+  k = w.shape[1]
+  x2 = x.reshape(-1, k)
+  x8, sx = _q1x128(x2)                   # (M, K), (M, K/128)
+  wq = quantize(w, "fp8_128x128", dtype=E4M3)
+  y = blockwise_gemm(x8, wq.data, sx, wq.scales, bias=bias, out_dtype=out_dtype)
+  xt8, sxt = _q1x128(x2, along_rows=True)         # (K, Mp), (K, Mp/128): blocks along the tokens
+  holders = (jnp.zeros((0,), x.dtype), jnp.zeros((0,), w.dtype))
+  return y.reshape(*x.shape[:-1], w.shape[0]), (xt8, sxt, wq.data, wq.scales, bias, holders)
+
+
+def _bw_bwd(out_dtype, res, g):
+  xt8, sxt, w8, sw, bias, (xh, wh) = res
+  n, k = w8.shape
+  g2 = g.reshape(-1, n)
+  g8, sg = _q1x128(g2)                    # (M, N), (M, N/128)
+  dx = blockwise_gemm(g8, w8.T, sg, sw.T, out_dtype=xh.dtype)        # 128x128 grid transposed
+  gt8, sgt = _q1x128(g2, along_rows=True)          # (N, Mp), (N, Mp/128)
+  dw = blockwise_gemm(gt8, xt8, sgt, sxt, out_dtype=wh.dtype)         # 1x128 x 1x128
+  db = None if bias is None else g2.astype(jnp.float32).sum(0).astype(bias.dtype)
+  return dx.reshape(*g.shape[:-1], k), dw, db
+
+
+def _linear_blockwise_fwd(x, w, bias, out_dtype):
+  return _bw_fwd(x, w, bias, out_dtype)
+
+
+_linear_blockwise.defvjp(_linear_blockwise_fwd, _bw_bwd)

@@ -110,7 +110,7 @@ def test_bench_train_smoke(tmp_path):
   in interleaved rounds, ratios to both peers, JSON + markdown written."""
   import json  # noqa: PLC0415
   b = _load_bench("bench_train")
-  assert b.main(["--shapes", "32x64x128", "--rounds", "2", "--repeats", "1", "--target-s", "0.001",
+  assert b.main(["--shapes", "32x128x256", "--rounds", "2", "--repeats", "1", "--target-s", "0.001",
                  "--out", str(tmp_path)]) == 0
   rows = json.load(open(tmp_path / "bench_train.json"))["rows"]
   assert {r["impl"] for r in rows} == set(b.IMPLS)
