@@ -21,7 +21,7 @@ out, the output gradient g given):
 Each step is one jitted call (y, dx, dw) = step(x, w, g); two input sets alternate (each
 larger than the 60 MB L2). rel_err columns: each output against a float32 (HIGHEST) product of
 the bf16 inputs, on the GPU: the cost of the FP8 recipe itself (e5m2 gradients ~2^-3 per
-element). Writes DIR/bench_train.json and DIR/bench_train.md.
+element). Writes DIR/bench_train.json and DIR/bench_train.md after every shape.
 """
 from __future__ import annotations
 

@@ -49,7 +49,6 @@ def dot(x, w: QuantizedArray, *, bias=None, out_dtype=None, x_format: str = "fp8
   the weight exact in bf16 where the format allows (FP8 per-tensor / per-channel, MX, FP4 / FP6
   weight-only); block-scaled and NVFP4 block weights are rounded to bf16 once.
   """
-  from .weightonly import PackedWeight  # noqa: PLC0415
   if not isinstance(x, QuantizedArray):
     x = jnp.asarray(x)
     return _dot_float(x, w, bias, (None if out_dtype is None else np.dtype(jnp.dtype(out_dtype)),

@@ -96,8 +96,9 @@ def fp8_linear(x, w, bias=None, *, out_dtype=None, recipe: str = "tensor",
       or float32 promotion every 128 of K (False) for the forward GEMM and for dgrad / wgrad;
       None = True / False (TransformerEngine's defaults). The blockwise kernels always promote.
 
-  K and N must be multiples of 16 (128 for "blockwise"); any number of tokens. Runs jax-gmma's FP8 GEMM kernel on
-  Hopper and the pure-JAX reference elsewhere (``jax_gmma.allow_reference`` on other GPUs).
+  K and N must be multiples of 16 (128 for "blockwise"); any number of tokens. Runs jax-gmma's
+  FP8 GEMM kernels on Hopper and the pure-JAX reference elsewhere (``jax_gmma.allow_reference``
+  on other GPUs). Reverse-mode only (``jax.grad`` / ``jax.vjp``), as for any ``jax.custom_vjp``.
   """
   x = jnp.asarray(x)
   w = jnp.asarray(w)
@@ -154,11 +155,7 @@ def _bwd(static, res, g):
   return dx.reshape(*g.shape[:-1], k), dw, db
 
 
-def _linear_fwd(x, w, bias, static):
-  return _fwd(x, w, bias, static)
-
-
-_linear.defvjp(_linear_fwd, _bwd)
+_linear.defvjp(_fwd, _bwd)
 
 
 # -- recipe "blockwise" --------------------------------------------------------------------------
@@ -200,8 +197,4 @@ def _bw_bwd(out_dtype, res, g):
   return dx.reshape(*g.shape[:-1], k), dw, db
 
 
-def _linear_blockwise_fwd(x, w, bias, out_dtype):
-  return _bw_fwd(x, w, bias, out_dtype)
-
-
-_linear_blockwise.defvjp(_linear_blockwise_fwd, _bw_bwd)
+_linear_blockwise.defvjp(_bw_fwd, _bw_bwd)

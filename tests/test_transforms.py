@@ -241,6 +241,20 @@ def test_fp8_linear_blockwise_matches_emulation(m):
   assert rel(dw, _np(g).T @ _np(x)) < 0.05
 
 
+@pytest.mark.parametrize("recipe", ["tensor", "blockwise"])
+def test_fp8_linear_zeros(recipe):
+  """All-zero activations, weights or gradients give zeros, not NaN (amax 0: a finite scale)."""
+  x = _normal((8, 128))
+  w = _normal((128, 128), 0.1)
+  f = lambda x, w: jax_gmma.fp8_linear(x, w, recipe=recipe)  # noqa: E731
+  y, vjp = jax.vjp(f, x, w)
+  dx, dw = vjp(jnp.zeros_like(y))
+  assert not np.any(_np(dx)) and not np.any(_np(dw))
+  y, vjp = jax.vjp(f, jnp.zeros_like(x), w)
+  dx, dw = vjp(jnp.ones_like(y))
+  assert not np.any(_np(y)) and not np.any(_np(dw)) and np.all(np.isfinite(_np(dx)))
+
+
 def test_fp8_linear_training_step():
   """A few SGD steps of a least-squares fit with FP8 GEMMs reduce the loss like float32 does;
   leading batch dims, no bias, grad of a scalar loss."""
