@@ -273,6 +273,29 @@ def test_fp8_linear_training_step():
   assert l1 < 0.2 * l0
 
 
+def test_fp8_linear_scan_remat():
+  """Layers stacked for lax.scan under jax.checkpoint (how deep models are trained): the same
+  gradients as the unrolled loop."""
+  layers, n = 3, 128
+  ws = _normal((layers, n, n), 1 / 16)
+  x = _normal((8, n))
+
+  def layer(h, w):
+    return jnp.tanh(jax_gmma.fp8_linear(h, w).astype(jnp.float32)), None
+
+  def loss_scan(ws):
+    h, _ = jax.lax.scan(jax.checkpoint(layer), x, ws)
+    return (h ** 2).sum()
+
+  def loss_loop(ws):
+    h = x
+    for i in range(layers):
+      h, _ = layer(h, ws[i])
+    return (h ** 2).sum()
+
+  assert rel(jax.jit(jax.grad(loss_scan))(ws), jax.jit(jax.grad(loss_loop))(ws)) < 1e-6
+
+
 def test_fp8_linear_vmap_per_example_grads():
   k, n, bsz = 32, 16, 3
   w = _normal((n, k), 0.1)
