@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from . import shapes
+from . import _vma, shapes
 from .blockwise import blockwise_gemm
 from .ops import fp8_gemm
 from .quantize import QuantizedArray, quantize
@@ -166,16 +166,19 @@ def _dot_float(x, w, bias, static):
 
 
 def _dot_float_fwd(x, w, bias, static):
-  return _dot_float(x, w, bias, static), (w, bias, jnp.zeros((0,), x.dtype))
+  # x.reshape(-1)[:0]: no data, x's dtype and shard_map type (for the cotangent's)
+  return _dot_float(x, w, bias, static), (w, bias, x.reshape(-1)[:0])
 
 
 def _dot_float_bwd(static, res, g):
-  w, bias, x_dtype_holder = res
+  w, bias, x_like = res
   n = g.shape[-1]
   g2 = g.reshape(-1, n)
-  dx = dx_from_dequantized(g2, w).reshape(*g.shape[:-1], w.k).astype(x_dtype_holder.dtype)
-  db = None if bias is None else g2.astype(jnp.float32).sum(0).astype(jnp.asarray(bias).dtype)
-  return dx, None, db  # None: a zero cotangent for every leaf of w
+  dx = dx_from_dequantized(g2, w).reshape(*g.shape[:-1], w.k).astype(x_like.dtype)
+  db = None
+  if bias is not None:
+    db = _vma.match(g2.astype(jnp.float32).sum(0).astype(jnp.asarray(bias).dtype), bias)
+  return _vma.match(dx, x_like), None, db  # None: a zero cotangent for every leaf of w
 
 
 _dot_float.defvjp(_dot_float_fwd, _dot_float_bwd)

@@ -25,7 +25,7 @@ except ImportError:  # pragma: no cover
   from jax.core import Primitive
 from jax._src import dispatch  # apply_primitive: eager execution of a primitive via jit
 
-from . import _backend, blockwise_configs, shapes
+from . import _backend, _vma, blockwise_configs, shapes
 from .formats import E8M0
 
 BLOCKWISE_GEMM_TARGET = _backend.FP8_BLOCKWISE_GEMM_TARGET
@@ -94,7 +94,7 @@ def _reference_lowering(a, b, a_scales_t, b_scales_t, bias, *, out_dtype, varian
 
 
 def _abstract_eval(a, b, a_scales_t, b_scales_t, bias, *, out_dtype, **_):
-  return ShapedArray((a.shape[0], b.shape[0]), out_dtype)
+  return _vma.out_aval((a.shape[0], b.shape[0]), out_dtype, a, b, a_scales_t, b_scales_t, bias)
 
 
 fp8_blockwise_gemm_p.def_abstract_eval(_abstract_eval)

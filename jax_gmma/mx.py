@@ -73,7 +73,7 @@ except ImportError:  # pragma: no cover
   from jax.core import Primitive
 from jax._src import dispatch
 
-from . import _backend, formats as _formats, layouts as _layouts
+from . import _backend, _vma, formats as _formats, layouts as _layouts
 import importlib
 
 from .quantize import QuantizedArray
@@ -316,7 +316,7 @@ def _default_lowering(*args, path, **params):
 
 
 def _abstract_eval(a, b, a_sf, b_sf, a_global, b_global, bias, *, m, n, out_dtype, **_):
-  return ShapedArray((m, n), out_dtype)
+  return _vma.out_aval((m, n), out_dtype, a, b, a_sf, b_sf, a_global, b_global, bias)
 
 
 mx_gemm_p.def_abstract_eval(_abstract_eval)

@@ -17,7 +17,7 @@ except ImportError:  # pragma: no cover
   from jax.core import Primitive
 from jax._src import dispatch  # apply_primitive: eager execution of a primitive via jit
 
-from . import _backend, blockwise, blockwise_configs, configs, shapes
+from . import _backend, _vma, blockwise, blockwise_configs, configs, shapes
 from .reference import fp8_gemm_reference
 
 fp8_gemm_p = Primitive("jax_gmma_fp8_gemm")
@@ -25,7 +25,7 @@ fp8_gemm_p.def_impl(functools.partial(dispatch.apply_primitive, fp8_gemm_p))
 
 
 def _abstract_eval(a, b, a_scale, b_scale, bias, *, out_dtype, **_):
-  return ShapedArray((a.shape[0], b.shape[0]), out_dtype)
+  return _vma.out_aval((a.shape[0], b.shape[0]), out_dtype, a, b, a_scale, b_scale, bias)
 
 
 fp8_gemm_p.def_abstract_eval(_abstract_eval)

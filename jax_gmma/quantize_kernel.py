@@ -27,7 +27,6 @@ from typing import Tuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.core import ShapedArray
 from jax.interpreters import ad, batching, mlir
 
 try:  # jax >= 0.4.36
@@ -36,7 +35,7 @@ except ImportError:  # pragma: no cover
   from jax.core import Primitive
 from jax._src import dispatch  # apply_primitive: eager execution of a primitive via jit
 
-from . import _backend
+from . import _backend, _vma
 from . import formats as _formats
 
 __all__ = ["fp8_quantize_p", "quantize_rows", "applies", "kernel_available", "FP8_QUANTIZE_TARGET",
@@ -86,7 +85,7 @@ def _abstract_eval(x, *, fmt, div_mode, layout):
   del div_mode
   data_shape, scales_shape = output_shapes(*x.shape, fmt, layout)
   scale_dtype = _formats.get_format(fmt).scale_dtype
-  return [ShapedArray(data_shape, _E4M3), ShapedArray(scales_shape, scale_dtype)]
+  return [_vma.out_aval(data_shape, _E4M3, x), _vma.out_aval(scales_shape, scale_dtype, x)]
 
 
 fp8_quantize_p.def_abstract_eval(_abstract_eval)

@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import shapes
+from . import _vma, shapes
 from .blockwise import blockwise_gemm
 from .ops import fp8_gemm
 from .quantize import quantize
@@ -115,6 +115,20 @@ def fp8_linear(x, w, bias=None, *, out_dtype=None, recipe: str = "tensor",
   return _linear(x, w, bias, (out, fast_fwd, fast_bwd))
 
 
+def _likes(x, w):
+  """Zero-size stand-ins for x and w in the residuals: their dtypes and shard_map types."""
+  return x.reshape(-1)[:0], w.reshape(-1)[:0]
+
+
+def _cotangents(dx, dw, g2, bias, x_like, w_like):
+  """(dx, dw, dbias), each typed like its primal under shard_map (``_vma.match``: summed over
+  the mesh axes the primal does not vary over, e.g. dw of a replicated weight)."""
+  db = None
+  if bias is not None:
+    db = _vma.match(g2.astype(jnp.float32).sum(0).astype(bias.dtype), bias)
+  return _vma.match(dx, x_like), _vma.match(dw, w_like), db
+
+
 def _quant(v, dtype):
   q = quantize(v, "fp8_tensor", dtype=dtype)
   return q.data, jnp.asarray(q.scales, jnp.float32).reshape(1)
@@ -131,8 +145,7 @@ def _fwd(x, w, bias, static):
   x8, sx = _quant(x.reshape(-1, k), E4M3)
   w8, sw = _quant(w, E4M3)
   y = fp8_gemm(x8, w8, sx, sw, bias=bias, out_dtype=out_dtype, fast_accum=fast_fwd)
-  holders = (jnp.zeros((0,), x.dtype), jnp.zeros((0,), w.dtype))
-  return y.reshape(*x.shape[:-1], w.shape[0]), (x8, sx, w8, sw, bias, holders)
+  return y.reshape(*x.shape[:-1], w.shape[0]), (x8, sx, w8, sw, bias, _likes(x, w))
 
 
 def _bwd(static, res, g):
@@ -151,8 +164,7 @@ def _bwd(static, res, g):
     gt = jnp.pad(gt, ((0, 0), (0, mp - m)))
     xt = jnp.pad(xt, ((0, 0), (0, mp - m)))
   dw = fp8_gemm(gt, xt, sg, sx, out_dtype=wh.dtype, fast_accum=fast_bwd)
-  db = None if bias is None else g2.astype(jnp.float32).sum(0).astype(bias.dtype)
-  return dx.reshape(*g.shape[:-1], k), dw, db
+  return _cotangents(dx.reshape(*g.shape[:-1], k), dw, g2, bias, xh, wh)
 
 
 _linear.defvjp(_fwd, _bwd)
@@ -181,8 +193,7 @@ def _bw_fwd(x, w, bias, out_dtype):
   wq = quantize(w, "fp8_128x128", dtype=E4M3)
   y = blockwise_gemm(x8, wq.data, sx, wq.scales, bias=bias, out_dtype=out_dtype)
   xt8, sxt = _q1x128(x2, along_rows=True)         # (K, Mp), (K, Mp/128): blocks along the tokens
-  holders = (jnp.zeros((0,), x.dtype), jnp.zeros((0,), w.dtype))
-  return y.reshape(*x.shape[:-1], w.shape[0]), (xt8, sxt, wq.data, wq.scales, bias, holders)
+  return y.reshape(*x.shape[:-1], w.shape[0]), (xt8, sxt, wq.data, wq.scales, bias, _likes(x, w))
 
 
 def _bw_bwd(out_dtype, res, g):
@@ -193,8 +204,7 @@ def _bw_bwd(out_dtype, res, g):
   dx = blockwise_gemm(g8, w8.T, sg, sw.T, out_dtype=xh.dtype)        # 128x128 grid transposed
   gt8, sgt = _q1x128(g2, along_rows=True)          # (N, Mp), (N, Mp/128)
   dw = blockwise_gemm(gt8, xt8, sgt, sxt, out_dtype=wh.dtype)         # 1x128 x 1x128
-  db = None if bias is None else g2.astype(jnp.float32).sum(0).astype(bias.dtype)
-  return dx.reshape(*g.shape[:-1], k), dw, db
+  return _cotangents(dx.reshape(*g.shape[:-1], k), dw, g2, bias, xh, wh)
 
 
 _linear_blockwise.defvjp(_bw_fwd, _bw_bwd)

@@ -103,7 +103,6 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.core import ShapedArray
 from jax.interpreters import mlir
 
 try:  # jax >= 0.4.36
@@ -112,7 +111,7 @@ except ImportError:  # pragma: no cover
   from jax.core import Primitive
 from jax._src import dispatch
 
-from . import _backend, shapes
+from . import _backend, _vma, shapes
 from .formats import E2M1, E2M3, E3M2, E4M3, E5M2, E8M0, dtype_max
 from .quantize import QuantizedArray, _decode, _encode, quantize
 
@@ -595,7 +594,7 @@ def _epilogue(acc, x_scale, bias, *, out_dtype, has_x_scale: bool, has_bias: boo
 weightonly_gemm_p = Primitive("jax_gmma_weightonly_gemm")
 weightonly_gemm_p.def_impl(functools.partial(dispatch.apply_primitive, weightonly_gemm_p))
 weightonly_gemm_p.def_abstract_eval(
-    lambda x, *_, n, out_dtype, **__: ShapedArray((x.shape[0], n), out_dtype))
+    lambda x, *rest, n, out_dtype, **__: _vma.out_aval((x.shape[0], n), out_dtype, x, *rest))
 mlir.register_lowering(weightonly_gemm_p,
                        mlir.lower_fun(weightonly_reference, multiple_results=False))
 
@@ -638,7 +637,7 @@ def unpack_reference(packed, scales, row_exp, *, fmt, n, kp, out_dtype):
 weightonly_unpack_p = Primitive("jax_gmma_weightonly_unpack")
 weightonly_unpack_p.def_impl(functools.partial(dispatch.apply_primitive, weightonly_unpack_p))
 weightonly_unpack_p.def_abstract_eval(
-    lambda packed, *_, n, kp, out_dtype, **__: ShapedArray((n, kp), out_dtype))
+    lambda packed, *rest, n, kp, out_dtype, **__: _vma.out_aval((n, kp), out_dtype, packed, *rest))
 mlir.register_lowering(weightonly_unpack_p, mlir.lower_fun(unpack_reference, multiple_results=False))
 
 

@@ -346,13 +346,32 @@ from jax import shard_map
 mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
 x = jax.random.normal(jax.random.PRNGKey(0), (16, 128))
 w = jax.random.normal(jax.random.PRNGKey(1), (128, 128)) / 16
-loss = lambda w, x: (jax_gmma.fp8_linear(x, w).astype(jnp.float32) ** 2).sum()
-dp = lambda w, x: jax.lax.psum(jax.grad(loss)(w, x), "data")
-got = jax.jit(shard_map(dp, mesh=mesh, in_specs=(P(), P("data")), out_specs=P(),
-                        check_vma=False))(w, x)
-want = jax.grad(loss)(w, x[:8]) + jax.grad(loss)(w, x[8:])
-assert float(jnp.abs(got - want).max()) <= 1e-6 * float(jnp.abs(want).max()), "data-parallel grads"
+b = jax.random.normal(jax.random.PRNGKey(2), (128,))
+close = lambda a, e: float(jnp.abs(a - e).max()) <= 1e-5 * float(jnp.abs(e).max())
+for recipe in ("tensor", "blockwise"):
+  loss = lambda w, b, x: (jax_gmma.fp8_linear(x, w, b, recipe=recipe).astype(jnp.float32) ** 2).sum()
+  halves = [jax.grad(loss, (0, 1))(w, b, x[i * 8:(i + 1) * 8]) for i in range(2)]
+  want = [halves[0][j] + halves[1][j] for j in range(2)]
+  # check_vma=True (default): the gradients of the replicated w and b come out summed, as JAX's
+  # own ops give them
+  got = jax.jit(shard_map(lambda w, b, x: jax.grad(loss, (0, 1))(w, b, x), mesh=mesh,
+                          in_specs=(P(), P(), P("data")), out_specs=(P(), P())))(w, b, x)
+  assert all(close(g, e) for g, e in zip(got, want)), ("check_vma=True", recipe)
+  # check_vma=False: per-shard gradients, summed by the caller
+  dp = lambda w, b, x: jax.lax.psum(jax.grad(loss, (0, 1))(w, b, x), "data")
+  got = jax.jit(shard_map(dp, mesh=mesh, in_specs=(P(), P(), P("data")), out_specs=(P(), P()),
+                          check_vma=False))(w, b, x)
+  assert all(close(g, e) for g, e in zip(got, want)), ("check_vma=False", recipe)
+  # dx of the sharded activations stays sharded
+  dx = jax.jit(shard_map(lambda w, b, x: jax.grad(loss, 2)(w, b, x), mesh=mesh,
+                         in_specs=(P(), P(), P("data")), out_specs=P("data")))(w, b, x)
+  # (each shard quantizes its own x and g: compared with the halves run alone)
+  want_dx = jnp.concatenate([jax.grad(loss, 2)(w, b, x[i * 8:(i + 1) * 8]) for i in range(2)])
+  assert close(dx, want_dx), ("dx", recipe)
 wq = jax_gmma.quantize(w, "fp8_channel")
+loss_q = lambda x: (jax_gmma.dot(x, wq, out_dtype=jnp.float32) ** 2).sum()
+dx = jax.jit(shard_map(jax.grad(loss_q), mesh=mesh, in_specs=P("data"), out_specs=P("data")))(x)
+assert close(dx, jnp.concatenate([jax.grad(loss_q)(x[:8]), jax.grad(loss_q)(x[8:])])), "dot dx"
 f = lambda x: jax.lax.psum(jax_gmma.dot(x, wq, out_dtype=jnp.float32).sum(), "data")
 got = jax.jit(shard_map(f, mesh=mesh, in_specs=P("data"), out_specs=P()))(x)
 assert abs(float(got) - float(jax_gmma.dot(x, wq, out_dtype=jnp.float32).sum())) < 1e-3
@@ -361,10 +380,10 @@ print("ok")
 
 
 def test_shard_map_data_parallel():
-  """Data parallelism with shard_map on two (virtual CPU) devices: fp8_linear's gradients summed
-  over the shards equal the per-shard gradients added, and dot's forward runs under the default
-  check_vma=True. The gradients need check_vma=False (README: the primitives' outputs carry no
-  varying-axes type, which custom_vjp checks)."""
+  """Data parallelism with shard_map on two (virtual CPU) devices, both fp8_linear recipes and
+  dot: with check_vma=True the primitives' outputs vary over the axes their inputs vary over,
+  and the replicated weight's and bias's gradients come out summed over the shards (as JAX's
+  own ops give them); with check_vma=False the caller's psum gives the same sums."""
   import os  # noqa: PLC0415
   import subprocess  # noqa: PLC0415
   import sys  # noqa: PLC0415

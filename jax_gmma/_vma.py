@@ -1,0 +1,51 @@
+"""Varying manual mesh axes ("vma", shard_map's ``check_vma=True`` types) for the primitives.
+
+Inside ``jax.shard_map`` every value is typed with the manual mesh axes it varies over. JAX's
+own ops give their outputs the union of their inputs' axes; a custom primitive has to say so in
+its abstract evaluation (:func:`out_aval`), and a ``custom_vjp`` has to return each cotangent
+with its primal's type (:func:`match`: summed over the axes the primal does not vary over, as
+JAX's transpose of the implicit broadcast does). Outside shard_map, and under
+``check_vma=False``, every set is empty and nothing changes.
+"""
+from __future__ import annotations
+
+import jax
+from jax.sharding import NamedSharding, PartitionSpec
+
+try:
+  from jax._src import core as _core  # ShapedArray(..., manual_axis_type=), ManualAxisType
+  _HAS_MAT = hasattr(_core, "ManualAxisType")
+except ImportError:  # pragma: no cover
+  _core, _HAS_MAT = None, False
+
+from jax.core import ShapedArray
+
+
+def varying(aval) -> frozenset:
+  """The manual mesh axes an aval varies over (empty outside shard_map / with check_vma off)."""
+  mat = getattr(aval, "mat", None)
+  return frozenset(getattr(mat, "varying", None) or ())
+
+
+def out_aval(shape, dtype, *avals) -> ShapedArray:
+  """ShapedArray(shape, dtype) varying over every manual axis any of ``avals`` varies over."""
+  sets = [varying(a) for a in avals]
+  union = frozenset().union(*sets)
+  if not union or not _HAS_MAT:
+    return ShapedArray(shape, dtype)
+  base = next(a for a, s in zip(avals, sets) if s)
+  mat = _core.ManualAxisType(varying=union, unreduced=frozenset(), reduced=frozenset())
+  sharding = NamedSharding(base.sharding.mesh, PartitionSpec(*([None] * len(shape))))
+  return ShapedArray(shape, dtype, sharding=sharding, manual_axis_type=mat)
+
+
+def match(ct, like):
+  """Cotangent ``ct`` typed like the primal ``like`` (an array or tracer of the same vma):
+  summed over the axes only ``ct`` varies over, broadcast over the axes only ``like`` does."""
+  have, want = varying(jax.typeof(ct)), varying(jax.typeof(like))
+  extra, missing = tuple(sorted(have - want)), tuple(sorted(want - have))
+  if extra:
+    ct = jax.lax.psum(ct, extra)
+  if missing:
+    ct = jax.lax.pcast(ct, missing, to="varying")
+  return ct
