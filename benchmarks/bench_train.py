@@ -45,15 +45,11 @@ import jax.numpy as jnp  # noqa: E402
 from jax import lax  # noqa: E402
 
 import jax_gmma  # noqa: E402
+from jax_gmma.train import _quant as _q  # the recipe's own quantization  # noqa: E402
 
 SHAPES = ((8192, 8192, 8192), (8192, 28672, 8192), (8192, 8192, 28672), (4096, 4096, 4096))
 IMPLS = ("ours_fp8", "ours_fp8_blockwise", "xla_fp8", "bf16")
 HIGHEST = lax.Precision.HIGHEST
-
-
-def _q(v, dtype):
-  q = jax_gmma.quantize(v, "fp8_tensor", dtype=dtype)
-  return q.data, jnp.asarray(q.scales, F32)
 
 
 def _xla_mm(a, b, sa, sb, precision, out_dtype):

@@ -49,3 +49,17 @@ def match(ct, like):
   if missing:
     ct = jax.lax.pcast(ct, missing, to="varying")
   return ct
+
+
+def like(x):
+  """A zero-size stand-in for ``x`` in a custom_vjp's residuals: x's dtype and shard_map type,
+  no data (what :func:`match` needs of the primal)."""
+  return x.reshape(-1)[:0]
+
+
+def bias_cotangent(g2, bias):
+  """The cotangent of a bias added to every row of g2 (M, N): the float32 column sums in the
+  bias's dtype, typed like the bias (None without one)."""
+  if bias is None:
+    return None
+  return match(g2.astype("float32").sum(0).astype(bias.dtype), bias)

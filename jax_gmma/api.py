@@ -166,8 +166,7 @@ def _dot_float(x, w, bias, static):
 
 
 def _dot_float_fwd(x, w, bias, static):
-  # x.reshape(-1)[:0]: no data, x's dtype and shard_map type (for the cotangent's)
-  return _dot_float(x, w, bias, static), (w, bias, x.reshape(-1)[:0])
+  return _dot_float(x, w, bias, static), (w, bias, _vma.like(x))
 
 
 def _dot_float_bwd(static, res, g):
@@ -175,10 +174,8 @@ def _dot_float_bwd(static, res, g):
   n = g.shape[-1]
   g2 = g.reshape(-1, n)
   dx = dx_from_dequantized(g2, w).reshape(*g.shape[:-1], w.k).astype(x_like.dtype)
-  db = None
-  if bias is not None:
-    db = _vma.match(g2.astype(jnp.float32).sum(0).astype(jnp.asarray(bias).dtype), bias)
-  return _vma.match(dx, x_like), None, db  # None: a zero cotangent for every leaf of w
+  # None: a zero cotangent for every leaf of w
+  return _vma.match(dx, x_like), None, _vma.bias_cotangent(g2, bias)
 
 
 _dot_float.defvjp(_dot_float_fwd, _dot_float_bwd)

@@ -116,17 +116,13 @@ def fp8_linear(x, w, bias=None, *, out_dtype=None, recipe: str = "tensor",
 
 
 def _likes(x, w):
-  """Zero-size stand-ins for x and w in the residuals: their dtypes and shard_map types."""
-  return x.reshape(-1)[:0], w.reshape(-1)[:0]
+  return _vma.like(x), _vma.like(w)
 
 
 def _cotangents(dx, dw, g2, bias, x_like, w_like):
   """(dx, dw, dbias), each typed like its primal under shard_map (``_vma.match``: summed over
   the mesh axes the primal does not vary over, e.g. dw of a replicated weight)."""
-  db = None
-  if bias is not None:
-    db = _vma.match(g2.astype(jnp.float32).sum(0).astype(bias.dtype), bias)
-  return _vma.match(dx, x_like), _vma.match(dw, w_like), db
+  return _vma.match(dx, x_like), _vma.match(dw, w_like), _vma.bias_cotangent(g2, bias)
 
 
 def _quant(v, dtype):
