@@ -26,6 +26,7 @@ except ImportError:  # pragma: no cover
 from jax._src import dispatch  # apply_primitive: eager execution of a primitive via jit
 
 from . import _backend, _vma, blockwise_configs, shapes
+from . import sharding as _sharding
 from .formats import E8M0
 
 BLOCKWISE_GEMM_TARGET = _backend.FP8_BLOCKWISE_GEMM_TARGET
@@ -99,7 +100,8 @@ def _abstract_eval(a, b, a_scales_t, b_scales_t, bias, *, out_dtype, **_):
 
 fp8_blockwise_gemm_p.def_abstract_eval(_abstract_eval)
 # Default lowering (every platform): the pure-JAX reference.
-mlir.register_lowering(fp8_blockwise_gemm_p, mlir.lower_fun(_reference_lowering, multiple_results=False))
+mlir.register_lowering(fp8_blockwise_gemm_p,
+                       _sharding.lowering(fp8_blockwise_gemm_p, mlir.lower_fun(_reference_lowering, multiple_results=False)))
 
 
 # -- CUDA lowering -----------------------------------------------------------------------------
@@ -164,7 +166,8 @@ def _cuda_lowering(ctx, a, b, a_scales_t, b_scales_t, bias, *, out_dtype, varian
   return [results[0]]
 
 
-mlir.register_lowering(fp8_blockwise_gemm_p, _cuda_lowering, platform="cuda")
+mlir.register_lowering(fp8_blockwise_gemm_p,
+                       _sharding.lowering(fp8_blockwise_gemm_p, _cuda_lowering), platform="cuda")
 
 
 # -- public API --------------------------------------------------------------------------------

@@ -74,6 +74,7 @@ except ImportError:  # pragma: no cover
 from jax._src import dispatch
 
 from . import _backend, _vma, formats as _formats, layouts as _layouts
+from . import sharding as _sharding
 import importlib
 
 from .quantize import QuantizedArray
@@ -320,7 +321,8 @@ def _abstract_eval(a, b, a_sf, b_sf, a_global, b_global, bias, *, m, n, out_dtyp
 
 
 mx_gemm_p.def_abstract_eval(_abstract_eval)
-mlir.register_lowering(mx_gemm_p, mlir.lower_fun(_default_lowering, multiple_results=False))
+mlir.register_lowering(mx_gemm_p,
+                       _sharding.lowering(mx_gemm_p, mlir.lower_fun(_default_lowering, multiple_results=False)))
 
 
 # -- dispatch ----------------------------------------------------------------------------------
@@ -513,7 +515,7 @@ def _cuda_lowering(ctx, *args, problem, config, path, **params):
   return [results[0]]
 
 
-mlir.register_lowering(mx_gemm_p, _cuda_lowering, platform="cuda")
+mlir.register_lowering(mx_gemm_p, _sharding.lowering(mx_gemm_p, _cuda_lowering), platform="cuda")
 
 
 # -- public API --------------------------------------------------------------------------------

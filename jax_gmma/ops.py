@@ -18,6 +18,7 @@ except ImportError:  # pragma: no cover
 from jax._src import dispatch  # apply_primitive: eager execution of a primitive via jit
 
 from . import _backend, _vma, blockwise, blockwise_configs, configs, shapes
+from . import sharding as _sharding
 from .reference import fp8_gemm_reference
 
 fp8_gemm_p = Primitive("jax_gmma_fp8_gemm")
@@ -30,7 +31,8 @@ def _abstract_eval(a, b, a_scale, b_scale, bias, *, out_dtype, **_):
 
 fp8_gemm_p.def_abstract_eval(_abstract_eval)
 # Default lowering (every platform): the pure-JAX reference.
-mlir.register_lowering(fp8_gemm_p, mlir.lower_fun(fp8_gemm_reference, multiple_results=False))
+mlir.register_lowering(fp8_gemm_p,
+                       _sharding.lowering(fp8_gemm_p, mlir.lower_fun(fp8_gemm_reference, multiple_results=False)))
 
 
 def _problem_from_avals(a, b, a_scale, b_scale, bias, out_dtype, has_bias):
@@ -84,7 +86,7 @@ def _cuda_lowering(ctx, a, b, a_scale, b_scale, bias, *, out_dtype, has_bias, fa
   return [results[0]]
 
 
-mlir.register_lowering(fp8_gemm_p, _cuda_lowering, platform="cuda")
+mlir.register_lowering(fp8_gemm_p, _sharding.lowering(fp8_gemm_p, _cuda_lowering), platform="cuda")
 
 
 def _two_level_via_blockwise(a, b, a_scale, b_scale, bias, *, out_dtype, has_bias):

@@ -36,6 +36,7 @@ except ImportError:  # pragma: no cover
 from jax._src import dispatch  # apply_primitive: eager execution of a primitive via jit
 
 from . import _backend, _vma
+from . import sharding as _sharding
 from . import formats as _formats
 
 __all__ = ["fp8_quantize_p", "quantize_rows", "applies", "kernel_available", "FP8_QUANTIZE_TARGET",
@@ -106,7 +107,7 @@ def _reference(x, *, fmt, div_mode, layout):
 
 # Default lowering (every platform, and CUDA GPUs without the kernel): the pure-JAX path.
 _reference_lowering = mlir.lower_fun(_reference, multiple_results=True)
-mlir.register_lowering(fp8_quantize_p, _reference_lowering)
+mlir.register_lowering(fp8_quantize_p, _sharding.lowering(fp8_quantize_p, _reference_lowering))
 
 
 @functools.lru_cache(maxsize=None)
@@ -136,7 +137,8 @@ def _cuda_lowering(ctx, x, *, fmt, div_mode, layout):
               scale_layout=np.int32(SCALE_LAYOUTS[layout]))
 
 
-mlir.register_lowering(fp8_quantize_p, _cuda_lowering, platform="cuda")
+mlir.register_lowering(fp8_quantize_p,
+                       _sharding.lowering(fp8_quantize_p, _cuda_lowering), platform="cuda")
 
 
 def _batch_rule(args, dims, *, fmt, div_mode, layout):

@@ -112,6 +112,7 @@ except ImportError:  # pragma: no cover
 from jax._src import dispatch
 
 from . import _backend, _vma, shapes
+from . import sharding as _sharding
 from .formats import E2M1, E2M3, E3M2, E4M3, E5M2, E8M0, dtype_max
 from .quantize import QuantizedArray, _decode, _encode, quantize
 
@@ -596,7 +597,7 @@ weightonly_gemm_p.def_impl(functools.partial(dispatch.apply_primitive, weightonl
 weightonly_gemm_p.def_abstract_eval(
     lambda x, *rest, n, out_dtype, **__: _vma.out_aval((x.shape[0], n), out_dtype, x, *rest))
 mlir.register_lowering(weightonly_gemm_p,
-                       mlir.lower_fun(weightonly_reference, multiple_results=False))
+                       _sharding.lowering(weightonly_gemm_p, mlir.lower_fun(weightonly_reference, multiple_results=False)))
 
 
 def _cuda_lowering(ctx, x, x_scale, packed, scales, global_scale, bias, *, fmt, n, k, out_dtype,
@@ -615,7 +616,8 @@ def _cuda_lowering(ctx, x, x_scale, packed, scales, global_scale, bias, *, fmt, 
               has_x_scale=bool(has_x_scale), has_global=fmt == "nvfp4", has_bias=bool(has_bias))
 
 
-mlir.register_lowering(weightonly_gemm_p, _cuda_lowering, platform="cuda")
+mlir.register_lowering(weightonly_gemm_p,
+                       _sharding.lowering(weightonly_gemm_p, _cuda_lowering), platform="cuda")
 
 
 # -- unpack: the prepared layout -> a plain (N, Kp) bf16 or FP8 matrix (the prefill path) ------
@@ -638,7 +640,8 @@ weightonly_unpack_p = Primitive("jax_gmma_weightonly_unpack")
 weightonly_unpack_p.def_impl(functools.partial(dispatch.apply_primitive, weightonly_unpack_p))
 weightonly_unpack_p.def_abstract_eval(
     lambda packed, *rest, n, kp, out_dtype, **__: _vma.out_aval((n, kp), out_dtype, packed, *rest))
-mlir.register_lowering(weightonly_unpack_p, mlir.lower_fun(unpack_reference, multiple_results=False))
+mlir.register_lowering(weightonly_unpack_p,
+                       _sharding.lowering(weightonly_unpack_p, mlir.lower_fun(unpack_reference, multiple_results=False)))
 
 
 def _unpack_cuda_lowering(ctx, packed, scales, row_exp, *, fmt, n, kp, out_dtype):
@@ -650,7 +653,8 @@ def _unpack_cuda_lowering(ctx, packed, scales, row_exp, *, fmt, n, kp, out_dtype
                                              scale_kind=np.int32(_SCALE_KIND[fmt]))
 
 
-mlir.register_lowering(weightonly_unpack_p, _unpack_cuda_lowering, platform="cuda")
+mlir.register_lowering(weightonly_unpack_p,
+                       _sharding.lowering(weightonly_unpack_p, _unpack_cuda_lowering), platform="cuda")
 
 
 def unpack(w: PackedWeight, dtype=jnp.bfloat16, row_exp=None) -> jax.Array:

@@ -1,0 +1,440 @@
+"""Sharded operands under ``jax.jit``: how each primitive is partitioned across devices.
+
+XLA's partitioner (Shardy, or GSPMD) cannot see inside a custom call, so on its own it gathers a
+custom call's sharded operands onto every device and runs the whole product everywhere. Each
+primitive's lowering therefore goes through :func:`lowering`: in a program partitioned over
+several devices (``jax.jit`` with sharded inputs or ``out_shardings``, Auto or Explicit mesh
+axes) it is wrapped in ``jax.experimental.custom_partitioning``, whose partition callback (run
+by XLA at compile time, with the global shapes and the shardings the partitioner proposes)
+picks which dimensions stay sharded and lowers the primitive again on the local shapes, where
+the CUDA lowering plans its kernel for the shard it runs. Single-device programs, shard_map
+bodies and pmap lower as before.
+
+The rules, one :class:`Rule` per primitive, all in this module:
+
+- every dimension is named by a factor: ``m`` (tokens), ``n`` (output features), ``k`` (the
+  contraction), one name per scale / bias dimension tied to it, a fresh name for a dimension
+  that is never split (swizzled or padded scale layouts, packed K);
+- a factor stays sharded when the mesh axes it arrives with are not taken by an earlier factor
+  and the local shape still meets the kernel's rules (divisibility, alignment, whole scale
+  blocks); otherwise its operands are gathered (replicated) along it and a warning says which
+  dimension, why, and what it costs;
+- the contraction ``k`` may stay sharded for ``fp8_gemm`` and the block-scaled GEMM: each
+  device computes its partial product in float32, the partials are summed over the mesh axes
+  (``psum``), then the bias is added and the result cast, so the result is the single-device
+  product up to the order of float32 additions.
+
+Not partitioned (their operands are gathered, with a warning when they arrive sharded): the
+MXFP8 / Blackwell ``mx_gemm`` (its swizzled 128 x 4 scale atoms and per-shape config), and
+the K dimension of the weight-only kernel and of quantization (scales per K block, padded K).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import warnings
+from typing import Callable, Dict, Optional, Sequence, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.interpreters import mlir
+from jax.sharding import NamedSharding, PartitionSpec
+
+from jax._src import dispatch as _dispatch  # prim_requires_devices_during_lowering
+from jax._src import sharding_impls as _si   # the lowering's axis context
+
+try:
+  from jax.experimental.custom_partitioning import custom_partitioning
+except ImportError:  # pragma: no cover
+  custom_partitioning = None
+
+F32 = np.dtype(np.float32)
+
+
+class ShardingWarning(UserWarning):
+  """A sharded operand dimension of a jax-gmma op is gathered before the op runs."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+  """How one primitive partitions.
+
+  operands / results: a factor name per dimension of each operand / result (the Shardy rule).
+  shardable: factors that may stay sharded, in priority order (mesh axes taken by an earlier
+    factor are not reused for a later one).
+  ties: factor -> the shardable factor it is split with (a scale dimension that runs along a
+    data dimension at another size: 128-row scale blocks, 16-row weight strips).
+  check: (factor, shard count) -> None when every shard still meets the kernel's rules, else
+    the reason it does not.
+  reduction: contraction factors in ``shardable``: each device computes ``partial(args,
+    params)`` (float32), the partials are summed over the mesh axes, and ``finish(sum, args,
+    params)`` gives the result.
+  local_params: (params, local operand shapes) -> the params to bind on a shard.
+  compound: a tied factor's block structure for the Shardy rule (see sdy_rule).
+  """
+  operands: Tuple[Tuple[str, ...], ...]
+  results: Tuple[Tuple[str, ...], ...]
+  shardable: Tuple[str, ...]
+  check: Callable[[str, int], Optional[str]]
+  ties: Dict[str, str] = dataclasses.field(default_factory=dict)
+  reduction: Tuple[str, ...] = ()
+  partial: Optional[Callable] = None
+  finish: Optional[Callable] = None
+  local_params: Optional[Callable] = None
+  compound: Dict[str, Tuple[str, str, int]] = dataclasses.field(default_factory=dict)
+
+  def leader(self, f: str) -> str:
+    return self.ties.get(f, f)
+
+  def sdy_rule(self):
+    """The Shardy sharding rule (propagation: which shardings XLA proposes around the op;
+    the partition callback decides). A factor with a tied block dimension (``compound``:
+    factor -> (block factor, within-block factor, block size)) is written as the compound
+    ``(block within)``, so that Shardy splits the data and its scale blocks alike."""
+    def names(f):
+      return self.compound[f][:2] if f in self.compound else (f,)
+
+    def text(dims):
+      return " ".join(f"({' '.join(names(f))})" if f in self.compound else f for f in dims)
+
+    ops = ", ".join(text(o) for o in self.operands)
+    res = ", ".join(text(r) for r in self.results)
+    order = list(dict.fromkeys(n for o in self.operands + self.results for f in o for n in names(f)))
+    in_results = {n for r in self.results for f in r for n in names(f)}
+    reducing = {n for f in self.reduction for n in names(f)}
+    reducing |= {f for f, lead in self.ties.items() if lead in self.reduction}
+    sizes = {c[1]: c[2] for c in self.compound.values()}
+    # (Shardy wants each list in the factors' order of appearance)
+    return f"{ops} -> {res}", dict(
+        reduction_factors=tuple(n for n in order if n in reducing),
+        need_replication_factors=tuple(n for n in order if n not in in_results and n not in reducing),
+        **sizes)
+
+
+#: primitive name -> (avals_in, params) -> Rule
+RULES: Dict[str, Callable] = {}
+
+
+def _vector(name: str, fresh: str, length: int, full: int) -> Tuple[str, ...]:
+  """A per-row / per-column vector operand: tied to ``name`` when it has one entry per row
+  (``full`` > 1), else a per-tensor scalar under a fresh factor."""
+  return (name,) if length == full and full > 1 else (fresh,)
+
+
+def _fresh(prefix: str, ndim: int) -> Tuple[str, ...]:
+  return tuple(f"{prefix}{i}" for i in range(ndim))
+
+
+def _divides(size: int, d: int, what: str) -> Optional[str]:
+  return None if size % d == 0 else f"{what} = {size} is not a multiple of the {d} shards"
+
+
+def _aligned(size: int, d: int, align: int, what: str) -> Optional[str]:
+  r = _divides(size, d, what)
+  if r is None and (size // d) % align:
+    r = f"each shard's {what} ({size // d}) would not be a multiple of {align}"
+  return r
+
+
+def _bias(params, bias, n) -> Tuple[str, ...]:
+  # (without a bias the operand is an ignored placeholder -- fp8_gemm passes its (N,) scales --
+  # split like a bias, so that it is never gathered)
+  del params
+  return _vector("n", "c", bias.shape[0], n)
+
+
+def _finish_bias(bias_index: int):
+  def finish(acc, args, p):
+    if p["has_bias"]:
+      acc = acc + args[bias_index].astype(F32).reshape(1, -1)
+    return acc.astype(p["out_dtype"])
+  return finish
+
+
+def _partial_f32(prim_name: str):
+  """The GEMM on a K shard without its bias, in float32 (summed across shards next)."""
+  def partial(args, p):
+    return _PRIMS[prim_name].bind(*args[:4], jnp.zeros((1,), F32),
+                                  **{**p, "out_dtype": F32, "has_bias": False})
+  return partial
+
+
+def _fp8_gemm_rule(avals, params):
+  from . import shapes
+  a, b, sa, sb, bias = avals
+  m, k = a.shape
+  n = b.shape[0]
+
+  def check(f, d):
+    if f == "m":
+      return _divides(m, d, "M")
+    if f == "n":
+      return _aligned(n, d, shapes.N_ALIGN, "N")
+    return _aligned(k, d, shapes.K_ALIGN, "K")
+
+  return Rule(operands=(("m", "k"), ("n", "k"), _vector("m", "sa", sa.shape[0], m),
+                        _vector("n", "sb", sb.shape[0], n), _bias(params, bias, n)),
+              results=(("m", "n"),), shardable=("m", "n", "k"), check=check, reduction=("k",),
+              partial=_partial_f32("jax_gmma_fp8_gemm"), finish=_finish_bias(4))
+
+
+def _blockwise_rule(avals, params):
+  from . import blockwise, shapes
+  a, b, sa_t, sb_t, bias = avals
+  m, k = a.shape
+  n = b.shape[0]
+  kb = -(-k // shapes.BLOCK_K)
+  row_block = shapes.BLOCK_N if params["variant"] == "1d2d" else 1
+  rows_b = -(-n // row_block)
+  pad = blockwise.SCALE_LD_ALIGN
+
+  def rows_split(rows, d, what):
+    # the kernel layout pads scale rows to a multiple of SCALE_LD_ALIGN: a shard's rows must
+    # be a whole multiple of it, so that the padding stays at the end of the last shard
+    return None if rows % (d * pad) == 0 else \
+        f"its {what} scale rows ({rows}) do not split into multiples of {pad} (the kernel layout's padding)"
+
+  def check(f, d):
+    if f == "m":
+      return _divides(m, d, "M") or rows_split(m, d, "per-token")
+    if f == "n":
+      return (_aligned(n, d, max(row_block, shapes.N_ALIGN), "N") or rows_split(rows_b, d, "weight"))
+    return _aligned(k, d, shapes.BLOCK_K, "K")
+
+  ties, compound = {}, {}
+  if k % shapes.BLOCK_K == 0:  # the scales' K blocks split with K
+    ties["kb"], compound["k"] = "k", ("kb", "kr", shapes.BLOCK_K)
+  if row_block > 1 and n % row_block == 0:  # the 128-row weight-scale blocks split with N
+    ties["nb"], compound["n"] = "n", ("nb", "nr", row_block)
+  sa_rows = "m" if sa_t.shape[1] == m else "ma"  # (padded scale rows are never split)
+  sb_rows = ("n" if row_block == 1 else "nb") if sb_t.shape[1] == rows_b else "na"
+  return Rule(operands=(("m", "k"), ("n", "k"), ("kb" if "kb" in ties else "ka", sa_rows),
+                        ("kb" if "kb" in ties else "ka", sb_rows), _bias(params, bias, n)),
+              results=(("m", "n"),), shardable=("m", "n", "k"), check=check, ties=ties,
+              compound=compound, reduction=("k",), partial=_partial_f32("jax_gmma_fp8_blockwise_gemm"),
+              finish=_finish_bias(4))
+
+
+def _quantize_rule(avals, params):
+  (x,) = avals
+  m = x.shape[0]
+  if params["layout"] == "rowmajor":
+    return Rule(operands=(("m", "k"),), results=(("m", "kp"), ("m", "nb")), shardable=("m",),
+                check=lambda f, d: _divides(m, d, "M"))
+  # swizzled scales (ceil(m / 128), ceil(nb / 4), 32, 4, 4): whole 128-row atoms per shard
+  whole = m % 128 == 0
+  return Rule(operands=(("m", "k"),), results=(("m", "kp"), ("mt" if whole else "ma",) + _fresh("s", 4)),
+              shardable=("m",), ties={"mt": "m"} if whole else {},
+              compound={"m": ("mt", "mr", 128)} if whole else {},
+              check=lambda f, d: _aligned(m, d, 128, "M"))
+
+
+def _weightonly_rule(avals, params):
+  from . import weightonly
+  x, xs, packed, scales, g, bias = avals
+  m = x.shape[0]
+  n = params["n"]
+  strips = packed.shape[0]
+
+  def check(f, d):
+    if f == "m":
+      return _divides(m, d, "M")
+    return _divides(strips, d, "the weight's 16-row strips")
+
+  def local(p, shapes_):
+    m_l, n_l = shapes_[0][0], shapes_[2][0] * weightonly.TILE_ROWS
+    picked = weightonly.pick_cta(m, n, p["k"], p["fmt"])
+    if (p["rows"], p["tokens"], p["k_warps"]) == picked:  # not forced: pick for the shard
+      rows, tokens, kw = weightonly.pick_cta(m_l, n_l, p["k"], p["fmt"])
+    else:
+      rows, tokens, kw = p["rows"], p["tokens"], p["k_warps"]
+      if n_l % rows:
+        rows, kw = weightonly.TILE_ROWS, 8
+    return {**p, "n": n_l, "rows": rows, "tokens": tokens, "k_warps": kw}
+
+  return Rule(operands=(("m", "kp"), _vector("m", "xs", xs.shape[0], m),
+                        ("ns",) + _fresh("p", packed.ndim - 1), ("ns",) + _fresh("s", scales.ndim - 1),
+                        ("g",), _bias(params, bias, n)),
+              results=(("m", "n"),), shardable=("m", "n"), ties={"ns": "n"}, check=check,
+              compound={"n": ("ns", "nr", weightonly.TILE_ROWS)}, local_params=local)
+
+
+def _unpack_rule(avals, params):
+  from . import weightonly
+  packed, scales, row_exp = avals
+  n = params["n"]
+  strips = packed.shape[0]
+  return Rule(operands=(("ns",) + _fresh("p", packed.ndim - 1), ("ns",) + _fresh("s", scales.ndim - 1),
+                        _vector("n", "e", row_exp.shape[0], n)),
+              results=(("n", "kp"),), shardable=("n",), ties={"ns": "n"},
+              compound={"n": ("ns", "nr", weightonly.TILE_ROWS)},
+              check=lambda f, d: _divides(strips, d, "the weight's 16-row strips"),
+              local_params=lambda p, s: {**p, "n": s[0][0] * weightonly.TILE_ROWS})
+
+
+def _gathered_rule(avals, params):
+  """Everything whole (mx_gemm): sharded operands are gathered, with a warning."""
+  return Rule(operands=tuple(_fresh(f"o{i}_", a.ndim) for i, a in enumerate(avals)),
+              results=(("r0", "r1"),), shardable=(), check=lambda f, d: None)
+
+
+RULES.update({
+    "jax_gmma_fp8_gemm": _fp8_gemm_rule,
+    "jax_gmma_fp8_blockwise_gemm": _blockwise_rule,
+    "jax_gmma_fp8_quantize": _quantize_rule,
+    "jax_gmma_weightonly_gemm": _weightonly_rule,
+    "jax_gmma_weightonly_unpack": _unpack_rule,
+    "jax_gmma_mx_gemm": _gathered_rule,
+})
+
+#: primitive name -> primitive, filled by lowering()
+_PRIMS: Dict[str, object] = {}
+
+
+# -- the partition callback -------------------------------------------------------------------------
+
+def _axes(entry) -> Tuple[str, ...]:
+  if entry is None:
+    return ()
+  return tuple(entry) if isinstance(entry, (tuple, list)) else (entry,)
+
+
+def _entry(axes: Tuple[str, ...]):
+  return None if not axes else axes[0] if len(axes) == 1 else tuple(axes)
+
+
+def _specs(shapes_) -> list:
+  out = []
+  for s in shapes_:
+    sh = getattr(s, "sharding", None)
+    ndim = len(s.shape)
+    spec = tuple(sh.spec) if isinstance(sh, NamedSharding) else ()
+    spec = tuple(spec) + (None,) * (ndim - len(spec))
+    # (a dimension of size 1 -- a per-tensor scale, a placeholder -- costs nothing to gather)
+    out.append(tuple(e if size > 1 else None for e, size in zip(spec, s.shape)))
+  return out
+
+
+def plan(rule: Rule, mesh_shape: Dict[str, int], specs) -> Tuple[Dict[str, tuple], list]:
+  """Which factors stay sharded over which mesh axes, from the operands' partition specs, and
+  (factor, axes, reason) for each sharded operand dimension that is gathered instead. Pure."""
+  wanted: Dict[str, tuple] = {}
+  for labels, spec in zip(rule.operands, specs):
+    for f, e in zip(labels, spec):
+      lead = rule.leader(f)
+      if lead in rule.shardable and lead not in wanted and _axes(e):
+        wanted[lead] = _axes(e)
+  chosen: Dict[str, tuple] = {}
+  dropped = []
+  used = set()
+  for f in rule.shardable:
+    axes = wanted.get(f)
+    if not axes:
+      continue
+    if used & set(axes):
+      dropped.append((f, axes, f"mesh axes {axes} already split another dimension"))
+      continue
+    why = rule.check(f, math.prod(mesh_shape[a] for a in axes))
+    if why:
+      dropped.append((f, axes, why))
+      continue
+    chosen[f] = axes
+    used |= set(axes)
+  reported = {f for f, _, _ in dropped}
+  for labels, spec in zip(rule.operands, specs):
+    for f, e in zip(labels, spec):
+      lead = rule.leader(f)
+      if _axes(e) and chosen.get(lead) != _axes(e) and lead not in reported:
+        reported.add(lead)
+        dropped.append((lead, _axes(e), "this op does not split that dimension"
+                        if lead not in rule.shardable else f"split over {chosen.get(lead)} instead"))
+  return chosen, dropped
+
+
+def _named(mesh, labels, chosen, rule):
+  return NamedSharding(mesh, PartitionSpec(*(_entry(chosen.get(rule.leader(f), ())) for f in labels)))
+
+
+def _warn(name: str, dropped) -> None:
+  for f, axes, why in dropped:
+    warnings.warn(f"jax_gmma ({name}): the operands' '{f}' dimension arrives sharded over mesh "
+                  f"axes {axes}, and is gathered onto every device before the op runs: {why}. "
+                  "Shard it differently (see the README's multi-device section) or wrap the "
+                  "op in jax.shard_map.", ShardingWarning, stacklevel=2)
+
+
+def _partitioned(prim, avals_in, params):
+  """A custom_partitioning function that binds ``prim`` with ``params``."""
+  rule = RULES[prim.name](avals_in, params)
+  multi = prim.multiple_results
+
+  def whole(*args):
+    out = prim.bind(*args, **params)
+    return tuple(out) if multi else out
+
+  cp = custom_partitioning(whole)
+
+  def decide(mesh, arg_shapes):
+    chosen, dropped = plan(rule, dict(mesh.shape), _specs(arg_shapes))
+    return chosen, dropped
+
+  def results(mesh, chosen):
+    outs = tuple(_named(mesh, r, chosen, rule) for r in rule.results)
+    return outs if multi else outs[0]
+
+  def infer(mesh, arg_shapes, result_shape):
+    chosen, _ = decide(mesh, arg_shapes)
+    return results(mesh, chosen)
+
+  def partition(mesh, arg_shapes, result_shape):
+    chosen, dropped = decide(mesh, arg_shapes)
+    _warn(prim.name, dropped)
+    reduce_axes = tuple(a for f in rule.reduction for a in chosen.get(f, ()))
+
+    def local(*args):
+      p = params if rule.local_params is None else rule.local_params(params, [x.shape for x in args])
+      if reduce_axes:
+        acc = jax.lax.psum(rule.partial(args, p), reduce_axes)
+        return rule.finish(acc, args, p)
+      out = prim.bind(*args, **p)
+      return tuple(out) if multi else out
+
+    args = tuple(_named(mesh, o, chosen, rule) for o in rule.operands)
+    return mesh, local, results(mesh, chosen), args
+
+  text, factors = rule.sdy_rule()
+  cp.def_partition(partition=partition, infer_sharding_from_operands=infer,
+                   sharding_rule=text, **factors)
+  return cp
+
+
+def _spmd(ctx) -> bool:
+  """Whether this lowering is of a program that XLA partitions across several devices (not a
+  single device, not inside shard_map's manual axes, not pmap)."""
+  ac = ctx.module_context.axis_context
+  if isinstance(ac, _si.ShardingContext):
+    return ac.num_devices > 1
+  if isinstance(ac, _si.SPMDAxisContext):
+    return not ac.manual_axes and ac.mesh.size > 1
+  return False
+
+
+def lowering(prim, rule: Callable) -> Callable:
+  """``prim``'s lowering ``rule``, partitioned across devices (see the module docstring) where
+  the program is partitioned. Every primitive of the package registers its lowerings through
+  this (one place for multi-device behaviour, as _vma is for shard_map types)."""
+  _PRIMS[prim.name] = prim
+  if custom_partitioning is None or prim.name not in RULES:
+    return rule
+  # custom_partitioning's lowering needs the device assignment (as jax's cuDNN ops do)
+  _dispatch.prim_requires_devices_during_lowering.add(prim)
+
+  def lower(ctx, *args, **params):
+    if not _spmd(ctx):
+      return rule(ctx, *args, **params)
+    fn = _partitioned(prim, ctx.avals_in, params)
+    return mlir.lower_fun(fn, multiple_results=prim.multiple_results)(ctx, *args)
+
+  return lower
