@@ -24,9 +24,9 @@ The rules, one :class:`Rule` per primitive, all in this module:
   (``psum``), then the bias is added and the result cast, so the result is the single-device
   product up to the order of float32 additions.
 
-Not partitioned (their operands are gathered, with a warning when they arrive sharded): the
-MXFP8 / Blackwell ``mx_gemm`` (its swizzled 128 x 4 scale atoms and per-shape config), and
-the K dimension of the weight-only kernel and of quantization (scales per K block, padded K).
+Never split (gathered, with a warning, when they arrive sharded): the K dimension of the
+weight-only kernel, of ``mx_gemm`` and of quantization (packed K tiles, swizzled scale atoms,
+padded K).
 """
 from __future__ import annotations
 
@@ -83,7 +83,7 @@ class Rule:
   partial: Optional[Callable] = None
   finish: Optional[Callable] = None
   local_params: Optional[Callable] = None
-  compound: Dict[str, Tuple[str, str, int]] = dataclasses.field(default_factory=dict)
+  compound: Dict[str, tuple] = dataclasses.field(default_factory=dict)
 
   def leader(self, f: str) -> str:
     return self.ties.get(f, f)
@@ -91,7 +91,8 @@ class Rule:
   def sdy_rule(self):
     """The Shardy sharding rule (propagation: which shardings XLA proposes around the op;
     the partition callback decides). A factor with a tied block dimension (``compound``:
-    factor -> (block factor, within-block factor, block size)) is written as the compound
+    factor -> (block factor, within-block factor, block size[, block count where the block
+    factor appears only in compounds])) is written as the compound
     ``(block within)``, so that Shardy splits the data and its scale blocks alike."""
     def names(f):
       return self.compound[f][:2] if f in self.compound else (f,)
@@ -106,6 +107,7 @@ class Rule:
     reducing = {n for f in self.reduction for n in names(f)}
     reducing |= {f for f, lead in self.ties.items() if lead in self.reduction}
     sizes = {c[1]: c[2] for c in self.compound.values()}
+    sizes.update({c[0]: c[3] for c in self.compound.values() if len(c) > 3})  # only in compounds
     # (Shardy wants each list in the factors' order of appearance)
     return f"{ops} -> {res}", dict(
         reduction_factors=tuple(n for n in order if n in reducing),
@@ -274,10 +276,38 @@ def _unpack_rule(avals, params):
               local_params=lambda p, s: {**p, "n": s[0][0] * weightonly.TILE_ROWS})
 
 
-def _gathered_rule(avals, params):
-  """Everything whole (mx_gemm): sharded operands are gathered, with a warning."""
-  return Rule(operands=tuple(_fresh(f"o{i}_", a.ndim) for i, a in enumerate(avals)),
-              results=(("r0", "r1"),), shardable=(), check=lambda f, d: None)
+def _mx_rule(avals, params):
+  """mx_gemm: rows of either operand split in whole 128-row atoms of its swizzled scales (the
+  scale operands are the atoms' raw bytes, flattened: an atom's bytes are contiguous)."""
+  a, b, a_sf, b_sf, ga, gb, bias = avals
+  m, n = params["m"], params["n"]
+  ties, compound = {}, {}
+  rows_a, rows_b = ("m", "ma"), ("n", "na")
+  if m % 128 == 0 and a.shape[0] == m:
+    ties.update(mt="m", sfa="m")
+    compound.update(m=("mt", "mr", 128, m // 128), sfa=("mt", "ra", a_sf.shape[0] // (m // 128), m // 128))
+  else:
+    rows_a = ("ma", "ma")  # (m itself stays whole: fresh factors for a's rows and its scales)
+  if n % 128 == 0 and b.shape[0] == n:
+    ties.update(nt="n", sfb="n")
+    compound.update(n=("nt", "nr", 128, n // 128), sfb=("nt", "rb", b_sf.shape[0] // (n // 128), n // 128))
+  out_align = 8 if np.dtype(params["out_dtype"]) == np.dtype(jnp.bfloat16) else 4
+
+  def check(f, d):
+    if f == "m":
+      return _aligned(m, d, 128, "M (whole 128-row scale atoms)")
+    return _aligned(n, d, 128, "N (whole 128-row scale atoms)") or _aligned(n, d, out_align, "N")
+
+  def local(p, shapes_):
+    m_l, n_l = shapes_[0][0], shapes_[1][0]
+    problem = dataclasses.replace(p["problem"], m=m_l, n=n_l, batch_shape=())
+    return {**p, "m": m_l, "n": n_l, "problem": problem}
+
+  return Rule(operands=((rows_a[0], "ka"), (rows_b[0], "kb"), ("sfa" if "sfa" in ties else "sa",),
+                        ("sfb" if "sfb" in ties else "sb",), ("ga",), ("gb",),
+                        _vector("n", "c", bias.shape[0], n)),
+              results=((rows_a[0], rows_b[0]),), shardable=("m", "n"), ties=ties, compound=compound,
+              check=check, local_params=local)
 
 
 RULES.update({
@@ -286,7 +316,7 @@ RULES.update({
     "jax_gmma_fp8_quantize": _quantize_rule,
     "jax_gmma_weightonly_gemm": _weightonly_rule,
     "jax_gmma_weightonly_unpack": _unpack_rule,
-    "jax_gmma_mx_gemm": _gathered_rule,
+    "jax_gmma_mx_gemm": _mx_rule,
 })
 
 #: primitive name -> primitive, filled by lowering()

@@ -216,6 +216,13 @@ for fmt in ("nvfp4", "mxfp6_e2m3"):
       weightonly.PackedWeight(packed, scales, g, format=pw.format, n=pw.n, k=pw.k))
   run(unpack, (pw.packed, pw.scales, pw.global_scale), [P("y"), P("y"), None])
 
+# MXFP8 x MXFP8 (mx_gemm): rows split in whole 128-row atoms of the swizzled scales
+aq = jax_gmma.quantize(normal(256, 256), "mxfp8", layout="sm100_128x4")
+bq = jax_gmma.quantize(normal(512, 256), "mxfp8", layout="sm100_128x4")
+ta, tb = jax.tree.structure(aq), jax.tree.structure(bq)
+mx = lambda ad, asc, bd, bsc: jax_gmma.mx_gemm(jax.tree.unflatten(ta, [ad, asc]), jax.tree.unflatten(tb, [bd, bsc]))
+run(mx, (*jax.tree.leaves(aq), *jax.tree.leaves(bq)), [P("x"), P("x"), P("y"), P("y")])
+
 # explicit mesh axes (sharding in types)
 emesh = jax.make_mesh((2, 2), ("x", "y"), axis_types=(AxisType.Explicit,) * 2, devices=devs[:4])
 run(gemm, args, [P("x"), P("y"), P("x"), P("y"), P("y")], mesh=emesh)
