@@ -31,10 +31,9 @@ padded K).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import warnings
-from typing import Callable, Dict, Optional, Sequence, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -187,7 +186,6 @@ def _blockwise_rule(avals, params):
   a, b, sa_t, sb_t, bias = avals
   m, k = a.shape
   n = b.shape[0]
-  kb = -(-k // shapes.BLOCK_K)
   row_block = shapes.BLOCK_N if params["variant"] == "1d2d" else 1
   rows_b = -(-n // row_block)
   pad = blockwise.SCALE_LD_ALIGN
@@ -406,20 +404,16 @@ def _partitioned(prim, avals_in, params):
 
   cp = custom_partitioning(whole)
 
-  def decide(mesh, arg_shapes):
-    chosen, dropped = plan(rule, dict(mesh.shape), _specs(arg_shapes))
-    return chosen, dropped
-
   def results(mesh, chosen):
     outs = tuple(_named(mesh, r, chosen, rule) for r in rule.results)
     return outs if multi else outs[0]
 
   def infer(mesh, arg_shapes, result_shape):
-    chosen, _ = decide(mesh, arg_shapes)
+    chosen, _ = plan(rule, dict(mesh.shape), _specs(arg_shapes))
     return results(mesh, chosen)
 
   def partition(mesh, arg_shapes, result_shape):
-    chosen, dropped = decide(mesh, arg_shapes)
+    chosen, dropped = plan(rule, dict(mesh.shape), _specs(arg_shapes))
     _warn(prim.name, dropped)
     reduce_axes = tuple(a for f in rule.reduction for a in chosen.get(f, ()))
 

@@ -11,7 +11,6 @@ import sys
 
 import jax.numpy as jnp
 import numpy as np
-import pytest
 from jax.core import ShapedArray
 
 from jax_gmma import sharding
