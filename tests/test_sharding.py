@@ -198,6 +198,8 @@ run(dot, (normal(64, 256).astype(BF16), *jax.tree.leaves(wc)), [P("x"), P("y"), 
 x = normal(64, 256); w = normal(512, 256) / 16
 loss = lambda x, w: (jax_gmma.fp8_linear(x, w).astype(F32) ** 2).sum()
 run(jax.grad(loss, (0, 1)), (x, w), [P("x"), None], ("all-reduce",), exact=False)
+# ... and tensor parallel: the weight split by output features (dgrad contracts over them: psum)
+run(jax.grad(loss, (0, 1)), (x, w), [P("x"), P("y")], ("all-reduce",), exact=False)
 
 # row quantization kernel's primitive: rows split (row-major and 128-row swizzled scales)
 xr = normal(256, 512).astype(BF16)
