@@ -245,9 +245,9 @@ def _weightonly_rule(avals, params):
 
   def local(p, shapes_):
     m_l, n_l = shapes_[0][0], shapes_[2][0] * weightonly.TILE_ROWS
-    picked = weightonly.pick_cta(m, n, p["k"], p["fmt"])
+    picked = weightonly.pick_cta(m, n, x.shape[1], p["fmt"])
     if (p["rows"], p["tokens"], p["k_warps"]) == picked:  # not forced: pick for the shard
-      rows, tokens, kw = weightonly.pick_cta(m_l, n_l, p["k"], p["fmt"])
+      rows, tokens, kw = weightonly.pick_cta(m_l, n_l, x.shape[1], p["fmt"])
     else:
       rows, tokens, kw = p["rows"], p["tokens"], p["k_warps"]
       if n_l % rows:
