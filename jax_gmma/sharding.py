@@ -63,11 +63,12 @@ class Rule:
   operands / results: a factor name per dimension of each operand / result (the Shardy rule).
   shardable: factors that may stay sharded, in priority order (mesh axes taken by an earlier
     factor are not reused for a later one).
-  ties: factor -> the shardable factor it is split with (a scale dimension that runs along a
+  ties: factor -> the shardable factor it is split with, beyond the block factors of
+    ``compound``, which are tied to their factor already (a scale dimension that runs along a
     data dimension at another size: 128-row scale blocks, 16-row weight strips).
   check: (factor, shard count) -> None when every shard still meets the kernel's rules, else
     the reason it does not.
-  reduction: contraction factors in ``shardable``: each device computes ``partial(args,
+  reduction: contraction factors in ``shardable``: each device computes ``partial(prim, args,
     params)`` (float32), the partials are summed over the mesh axes, and ``finish(sum, args,
     params)`` gives the result.
   local_params: (params, local operand shapes) -> the params to bind on a shard.
@@ -85,7 +86,12 @@ class Rule:
   compound: Dict[str, tuple] = dataclasses.field(default_factory=dict)
 
   def leader(self, f: str) -> str:
-    return self.ties.get(f, f)
+    if f in self.ties:
+      return self.ties[f]
+    for lead, c in self.compound.items():
+      if c[0] == f and lead in self.shardable:
+        return lead
+    return f
 
   def sdy_rule(self):
     """The Shardy sharding rule (propagation: which shardings XLA proposes around the op;
@@ -104,7 +110,7 @@ class Rule:
     order = list(dict.fromkeys(n for o in self.operands + self.results for f in o for n in names(f)))
     in_results = {n for r in self.results for f in r for n in names(f)}
     reducing = {n for f in self.reduction for n in names(f)}
-    reducing |= {f for f, lead in self.ties.items() if lead in self.reduction}
+    reducing |= {n for n in order if self.leader(n) in self.reduction}
     sizes = {c[1]: c[2] for c in self.compound.values()}
     sizes.update({c[0]: c[3] for c in self.compound.values() if len(c) > 3})  # only in compounds
     # (Shardy wants each list in the factors' order of appearance)
@@ -139,10 +145,9 @@ def _aligned(size: int, d: int, align: int, what: str) -> Optional[str]:
   return r
 
 
-def _bias(params, bias, n) -> Tuple[str, ...]:
+def _bias(bias, n) -> Tuple[str, ...]:
   # (without a bias the operand is an ignored placeholder -- fp8_gemm passes its (N,) scales --
   # split like a bias, so that it is never gathered)
-  del params
   return _vector("n", "c", bias.shape[0], n)
 
 
@@ -154,12 +159,10 @@ def _finish_bias(bias_index: int):
   return finish
 
 
-def _partial_f32(prim_name: str):
-  """The GEMM on a K shard without its bias, in float32 (summed across shards next)."""
-  def partial(args, p):
-    return _PRIMS[prim_name].bind(*args[:4], jnp.zeros((1,), F32),
-                                  **{**p, "out_dtype": F32, "has_bias": False})
-  return partial
+def _partial_f32(prim, args, p):
+  """The GEMM (a, b, scales, scales, bias) on a K shard without its bias, in float32 (summed
+  across shards next)."""
+  return prim.bind(*args[:4], jnp.zeros((1,), F32), **{**p, "out_dtype": F32, "has_bias": False})
 
 
 def _fp8_gemm_rule(avals, params):
@@ -176,9 +179,9 @@ def _fp8_gemm_rule(avals, params):
     return _aligned(k, d, shapes.K_ALIGN, "K")
 
   return Rule(operands=(("m", "k"), ("n", "k"), _vector("m", "sa", sa.shape[0], m),
-                        _vector("n", "sb", sb.shape[0], n), _bias(params, bias, n)),
+                        _vector("n", "sb", sb.shape[0], n), _bias(bias, n)),
               results=(("m", "n"),), shardable=("m", "n", "k"), check=check, reduction=("k",),
-              partial=_partial_f32("jax_gmma_fp8_gemm"), finish=_finish_bias(4))
+              partial=_partial_f32, finish=_finish_bias(4))
 
 
 def _blockwise_rule(avals, params):
@@ -203,17 +206,16 @@ def _blockwise_rule(avals, params):
       return (_aligned(n, d, max(row_block, shapes.N_ALIGN), "N") or rows_split(rows_b, d, "weight"))
     return _aligned(k, d, shapes.BLOCK_K, "K")
 
-  ties, compound = {}, {}
+  compound = {}
   if k % shapes.BLOCK_K == 0:  # the scales' K blocks split with K
-    ties["kb"], compound["k"] = "k", ("kb", "kr", shapes.BLOCK_K)
+    compound["k"] = ("kb", "kr", shapes.BLOCK_K)
   if row_block > 1 and n % row_block == 0:  # the 128-row weight-scale blocks split with N
-    ties["nb"], compound["n"] = "n", ("nb", "nr", row_block)
+    compound["n"] = ("nb", "nr", row_block)
   sa_rows = "m" if sa_t.shape[1] == m else "ma"  # (padded scale rows are never split)
   sb_rows = ("n" if row_block == 1 else "nb") if sb_t.shape[1] == rows_b else "na"
-  return Rule(operands=(("m", "k"), ("n", "k"), ("kb" if "kb" in ties else "ka", sa_rows),
-                        ("kb" if "kb" in ties else "ka", sb_rows), _bias(params, bias, n)),
-              results=(("m", "n"),), shardable=("m", "n", "k"), check=check, ties=ties,
-              compound=compound, reduction=("k",), partial=_partial_f32("jax_gmma_fp8_blockwise_gemm"),
+  kb = "kb" if "k" in compound else "ka"
+  return Rule(operands=(("m", "k"), ("n", "k"), (kb, sa_rows), (kb, sb_rows), _bias(bias, n)),
+              results=(("m", "n"),), shardable=("m", "n", "k"), check=check, compound=compound, reduction=("k",), partial=_partial_f32,
               finish=_finish_bias(4))
 
 
@@ -226,8 +228,7 @@ def _quantize_rule(avals, params):
   # swizzled scales (ceil(m / 128), ceil(nb / 4), 32, 4, 4): whole 128-row atoms per shard
   whole = m % 128 == 0
   return Rule(operands=(("m", "k"),), results=(("m", "kp"), ("mt" if whole else "ma",) + _fresh("s", 4)),
-              shardable=("m",), ties={"mt": "m"} if whole else {},
-              compound={"m": ("mt", "mr", 128)} if whole else {},
+              shardable=("m",), compound={"m": ("mt", "mr", 128)} if whole else {},
               check=lambda f, d: _aligned(m, d, 128, "M"))
 
 
@@ -256,8 +257,8 @@ def _weightonly_rule(avals, params):
 
   return Rule(operands=(("m", "kp"), _vector("m", "xs", xs.shape[0], m),
                         ("ns",) + _fresh("p", packed.ndim - 1), ("ns",) + _fresh("s", scales.ndim - 1),
-                        ("g",), _bias(params, bias, n)),
-              results=(("m", "n"),), shardable=("m", "n"), ties={"ns": "n"}, check=check,
+                        ("g",), _bias(bias, n)),
+              results=(("m", "n"),), shardable=("m", "n"), check=check,
               compound={"n": ("ns", "nr", weightonly.TILE_ROWS)}, local_params=local)
 
 
@@ -268,7 +269,7 @@ def _unpack_rule(avals, params):
   strips = packed.shape[0]
   return Rule(operands=(("ns",) + _fresh("p", packed.ndim - 1), ("ns",) + _fresh("s", scales.ndim - 1),
                         _vector("n", "e", row_exp.shape[0], n)),
-              results=(("n", "kp"),), shardable=("n",), ties={"ns": "n"},
+              results=(("n", "kp"),), shardable=("n",),
               compound={"n": ("ns", "nr", weightonly.TILE_ROWS)},
               check=lambda f, d: _divides(strips, d, "the weight's 16-row strips"),
               local_params=lambda p, s: {**p, "n": s[0][0] * weightonly.TILE_ROWS})
@@ -280,14 +281,14 @@ def _mx_rule(avals, params):
   a, b, a_sf, b_sf, ga, gb, bias = avals
   m, n = params["m"], params["n"]
   ties, compound = {}, {}
-  rows_a, rows_b = ("m", "ma"), ("n", "na")
+  rows_a = "m"
   if m % 128 == 0 and a.shape[0] == m:
-    ties.update(mt="m", sfa="m")
+    ties.update(sfa="m")
     compound.update(m=("mt", "mr", 128, m // 128), sfa=("mt", "ra", a_sf.shape[0] // (m // 128), m // 128))
   else:
-    rows_a = ("ma", "ma")  # (m itself stays whole: fresh factors for a's rows and its scales)
+    rows_a = "ma"  # (M stays whole: a fresh factor for a's rows)
   if n % 128 == 0 and b.shape[0] == n:
-    ties.update(nt="n", sfb="n")
+    ties.update(sfb="n")
     compound.update(n=("nt", "nr", 128, n // 128), sfb=("nt", "rb", b_sf.shape[0] // (n // 128), n // 128))
   out_align = 8 if np.dtype(params["out_dtype"]) == np.dtype(jnp.bfloat16) else 4
 
@@ -301,10 +302,10 @@ def _mx_rule(avals, params):
     problem = dataclasses.replace(p["problem"], m=m_l, n=n_l, batch_shape=())
     return {**p, "m": m_l, "n": n_l, "problem": problem}
 
-  return Rule(operands=((rows_a[0], "ka"), (rows_b[0], "kb"), ("sfa" if "sfa" in ties else "sa",),
+  return Rule(operands=((rows_a, "ka"), ("n", "kb"), ("sfa" if "sfa" in ties else "sa",),
                         ("sfb" if "sfb" in ties else "sb",), ("ga",), ("gb",),
                         _vector("n", "c", bias.shape[0], n)),
-              results=((rows_a[0], rows_b[0]),), shardable=("m", "n"), ties=ties, compound=compound,
+              results=((rows_a, "n"),), shardable=("m", "n"), ties=ties, compound=compound,
               check=check, local_params=local)
 
 
@@ -316,9 +317,6 @@ RULES.update({
     "jax_gmma_weightonly_unpack": _unpack_rule,
     "jax_gmma_mx_gemm": _mx_rule,
 })
-
-#: primitive name -> primitive, filled by lowering()
-_PRIMS: Dict[str, object] = {}
 
 
 # -- the partition callback -------------------------------------------------------------------------
@@ -420,7 +418,7 @@ def _partitioned(prim, avals_in, params):
     def local(*args):
       p = params if rule.local_params is None else rule.local_params(params, [x.shape for x in args])
       if reduce_axes:
-        acc = jax.lax.psum(rule.partial(args, p), reduce_axes)
+        acc = jax.lax.psum(rule.partial(prim, args, p), reduce_axes)
         return rule.finish(acc, args, p)
       out = prim.bind(*args, **p)
       return tuple(out) if multi else out
@@ -449,7 +447,6 @@ def lowering(prim, rule: Callable) -> Callable:
   """``prim``'s lowering ``rule``, partitioned across devices (see the module docstring) where
   the program is partitioned. Every primitive of the package registers its lowerings through
   this (one place for multi-device behaviour, as _vma is for shard_map types)."""
-  _PRIMS[prim.name] = prim
   if custom_partitioning is None or prim.name not in RULES:
     return rule
   # custom_partitioning's lowering needs the device assignment (as jax's cuDNN ops do)

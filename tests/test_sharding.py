@@ -77,7 +77,7 @@ def test_blockwise_rule_ties_scale_blocks_to_their_rows():
   rule = sharding.RULES["jax_gmma_fp8_blockwise_gemm"](avals, dict(variant="1d2d", has_bias=False, out_dtype=BF16))
   chosen, _ = sharding.plan(rule, {"x": 2, "y": 2}, _specs(("x", None), ("y", None), (None, None), (None, None), (None,)))
   assert chosen == {"m": ("x",), "n": ("y",)}
-  assert tuple(sharding._named(_FakeMesh(), rule.operands[3], chosen, rule).spec) == (None, "y")
+  assert tuple(sharding._named(_abstract_mesh(), rule.operands[3], chosen, rule).spec) == (None, "y")
   # 512 rows of weights are 4 scale rows: two shards of 2 would need the layout's padding
   avals[1], avals[3] = ShapedArray((512, k), E4), ShapedArray((4, 4), F32)
   rule = sharding.RULES["jax_gmma_fp8_blockwise_gemm"](avals, dict(variant="1d2d", has_bias=False, out_dtype=BF16))
@@ -85,15 +85,13 @@ def test_blockwise_rule_ties_scale_blocks_to_their_rows():
   assert chosen == {} and "kernel layout's padding" in dropped[0][2]
 
 
-class _FakeMesh:
-  """Enough of a Mesh for NamedSharding's constructor in _named (axis names only)."""
-
-  def __new__(cls):
-    from jax.sharding import AbstractMesh
-    try:
-      return AbstractMesh((2, 2), ("x", "y"))
-    except TypeError:  # older signature
-      return AbstractMesh((("x", 2), ("y", 2)))
+def _abstract_mesh():
+  """A 2 x 2 mesh without devices, enough for NamedSharding in _named."""
+  from jax.sharding import AbstractMesh
+  try:
+    return AbstractMesh((2, 2), ("x", "y"))
+  except TypeError:  # older signature
+    return AbstractMesh((("x", 2), ("y", 2)))
 
 
 def test_weightonly_rule_splits_strips_not_k():
