@@ -41,7 +41,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:  # `python -P` does not put the script's directory on sys.path
   sys.path.insert(0, _HERE)
 
-from bench_fp8 import F8, BF16, F32, TN, _nk_list, compile_jax, md_tail, time_jax, time_rounds  # noqa: E402
+from bench_fp8 import F8, BF16, F32, MAX_SETS, TN, _nk_list, compile_jax, md_tail, time_jax, time_rounds  # noqa: E402
 
 import argparse  # noqa: E402
 import datetime  # noqa: E402
@@ -233,7 +233,7 @@ def bench_prefill(args, rows, fails, shapes, impls, m=4096):
     timed, meta = {}, {}
     for impl in impls:
       wb = _wbytes(impl, n, k)
-      d = max(2, math.ceil(2 * L2_BYTES / wb))
+      d = max(2, min(MAX_SETS, math.ceil(2 * L2_BYTES / wb)))  # bench_fp8's cap: tiny weights made ~15000 copies
       ws = []
       for _ in range(d):
         key, sub = jax.random.split(key)
