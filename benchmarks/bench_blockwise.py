@@ -65,7 +65,8 @@ Suites
           format). jax.nn.scaled_matmul runs a shorter chain (8 steps, --slow-chain): it
           dequantizes its operands and is ~100x slower. Per-GEMM us and weight GB/s (fp8 bytes
           plus scale bytes). Bars: ours_1d2d within 1.15x of ours_pertensor; >= 15x faster than
-          jax.nn.scaled_matmul.
+          jax.nn.scaled_matmul. --mx-configs A,B adds rows ours_mxfp8[A], ... with mx_gemm forced
+          onto those Hopper configs (e.g. the unmeasured jax_gmma.mx.SM90_UNMEASURED ones).
   quant   jax_gmma.quantize of a 4096x7168 bf16 activation to fp8_1x128 vs the 4096xNx7168
           block-scaled GEMM it feeds, N in (2112, 7168, 24576). Each jitted call runs QUANT_OPS
           independent operations on distinct inputs (so JAX's per-call dispatch, ~20-25 us for a
@@ -625,6 +626,9 @@ def bench_decode(run: BRun, suite: str, n: int, k: int, ms, budget, steps, slow_
       JNN: (lambda x, w: make_jnn_gemm(run.jnn_emulated)(x[0], w[0], x[1], w[1]), q_mx,
             tuple(wmx[:slow_steps]), ref_mx, n * k + n * k // MX_BLOCK, slow_steps),
   }
+  for cfg_name in args.mx_configs:  # --mx-configs: ours_mxfp8 forced onto a Hopper config
+    formats[f"{MXO}[{cfg_name}]"] = (_forced_mx_gemm(cfg_name), q_mx_ours, tuple(wmq), ref_mx_q,
+                                     n * k + n * k // MX_BLOCK, steps)
   rows_by_m = {m: [] for m in ms}
   finite = {}
 
@@ -646,7 +650,7 @@ def bench_decode(run: BRun, suite: str, n: int, k: int, ms, budget, steps, slow_
     run.log(f"  M={m}: ours_1d2d -> {cfg.name} splits={splits}")
     src = normal(run.next_key(), (m, k))
     for impl, (step, to_act, ws, ref_fn, wbytes, chain_steps) in formats.items():
-      if args.impls and impl not in args.impls:
+      if args.impls and impl.split("[")[0] not in args.impls:
         continue
       try:
         x = jax.jit(to_act)(src)
@@ -665,14 +669,16 @@ def bench_decode(run: BRun, suite: str, n: int, k: int, ms, budget, steps, slow_
           extra.update(quantizer=MX_QUANTIZER, path="emulated" if run.jnn_emulated else "jax")
         elif impl in (MXO, MXJ):
           extra.update(config=mx_config(m, n), path=run.mx_path(calls))
-        if impl in OURS_DECODE and not err < TOL:
+        elif impl.startswith(f"{MXO}["):
+          extra.update(config=impl[len(MXO) + 1:-1], path=run.mx_path(calls))
+        if _checked_decode(impl) and not err < TOL:
           run.fail(f"{suite} decode {m}x{n}x{k} {impl}: rel_err {err:.3e} >= {TOL}")
         reps = args.repeats if impl != JNN else max(1, min(args.repeats, 5))
         stats = time_jax(chain, [(x, ws)], reps, run.target_s)
         record(m, impl, stats, err, calls, wbytes, chain_steps, len(ws), **extra)
         del chain
       except Exception as e:
-        if impl in OURS_DECODE:
+        if _checked_decode(impl):
           run.fail(f"{suite} decode {m}x{n}x{k} {impl} crashed:\n{traceback.format_exc()}")
         else:
           run.peer_error(f"{suite} decode {m}x{n}x{k} {impl}", e)
@@ -686,8 +692,20 @@ def bench_decode(run: BRun, suite: str, n: int, k: int, ms, budget, steps, slow_
     run.rows.extend(rows_by_m[m])
 
 
+def _checked_decode(impl):
+  """Our own decode rows (errors and crashes fail the run): OURS_DECODE and the forced
+  ours_mxfp8[CONFIG] rows."""
+  return impl in OURS_DECODE or impl.startswith(f"{MXO}[")
+
+
+def _forced_mx_gemm(config):
+  def step(a_q, b_q):
+    return jax_gmma.mx_gemm(a_q, b_q, out_dtype=BF16, path="kernel", config=config)
+  return step
+
+
 def _ref_args(impl, x, w):
-  if impl in (MXO, MXJ):
+  if impl in (MXO, MXJ) or impl.startswith(f"{MXO}["):
     return (x, w)
   if impl in (OURS, JNN):
     return (x[0], w[0], x[1], w[1])
@@ -953,12 +971,20 @@ def parse_args(argv=None):
                  help="large suite: only these MxNxK shapes (comma list; default the issue's list)")
   p.add_argument("--decode-ms", default="", type=lambda v: [int(c) for c in v.split(",") if c],
                  help="decode suite: these M (default 1,16,64,128)")
+  p.add_argument("--mx-configs", default="", type=lambda v: [c for c in v.split(",") if c],
+                 help="decode suite: extra rows ours_mxfp8[CONFIG] forcing these Hopper MXFP8 configs "
+                      "(comma list of jax_gmma.mx.KERNELS['sm_90a'] names, e.g. "
+                      "sm90_mxf8_blockscaled_swap_64x64_sq)")
   p.add_argument("--decode-nk", default="", type=lambda v: [c for c in v.split(",") if c],
                  help="decode suite: these NxK (default 8192x8192,28672x8192)")
   a = p.parse_args(argv)
   bad = [i for i in a.impls if i not in IMPLS]
   if bad:
     p.error(f"--impls: unknown {', '.join(bad)} (choices: {', '.join(IMPLS)})")
+  mx_names = jax_gmma.mx.KERNELS["sm_90a"][("mxfp8", "mxfp8")]
+  bad = [c for c in a.mx_configs if c not in mx_names]
+  if bad:
+    p.error(f"--mx-configs: unknown {', '.join(bad)} (choices: {', '.join(mx_names)})")
   try:
     a.shapes = [tuple(int(v) for v in s.split("x")) for s in a.shapes]
     a.decode_nk = [tuple(int(v) for v in s.split("x")) for s in a.decode_nk]

@@ -12,7 +12,8 @@
 #   sweep    benchmarks/sweep.py: decode + large suites (SWEEP_*_ARGS add options), host cost
 #   steps    tests, sass, sweep_decode, sweep_large, large (+ LARGE_ARGS), decode, host, bw_large, bw_decode,
 #            bw_quant (block-scaled benchmark suites, BW_ARGS add options), wo_smoke, wo_decode, wo_prefill, wo_all (FP4
-#            weight-only suites), minilm, llama (examples); MODE may list several
+#            weight-only suites), mxf8_sq (the unmeasured split-Q MXFP8 configs), minilm, llama (examples);
+#            MODE may list several
 #            separated by commas (e.g. tests,sweep_decode)
 # Logs and results go to $OUT (at most 8 files come back from the device machine).
 set -uo pipefail
@@ -77,6 +78,20 @@ step() {
     bw_large|bw_decode|bw_quant)  # benchmarks/bench_blockwise.py suites
       mkdir -p "$OUT/$1"
       timeout ${T_BW:-240} python3 -P benchmarks/bench_blockwise.py --suite "${1#bw_}" --out "$OUT/$1" ${BW_ARGS:-} ;;
+    mxf8_sq)  # the unmeasured split-Q MXFP8 configs (jax_gmma.mx.SM90_UNMEASURED) against today's picks:
+      # kernel alone (tools/bench_mxf8_kernel.cu, carried as prebuilt/mxf8_bench: float64 checks of
+      # the _sq configs, then timings), then the decode chains with the configs forced (--mx-configs)
+      if [ -x prebuilt/mxf8_bench ]; then
+        MXF8_CHECK_ONLY=_sq timeout 120 prebuilt/mxf8_bench 20 \
+          && MXF8_SHAPES=${MXF8_SHAPES:-32x8192x8192,64x8192x8192,128x8192x8192,64x28672x8192,128x28672x8192} \
+             MXF8_TIME_ONLY="swap_64x32|swap_64x64|swap_128x64|swap_64x128" timeout 240 prebuilt/mxf8_bench 50 skip
+      else
+        echo "mxf8_sq: no prebuilt/mxf8_bench (build it as tools/bench_mxf8_kernel.cu says); kernel-alone step skipped"
+      fi
+      mkdir -p "$OUT/mxf8_sq"
+      timeout ${T_BW:-300} python3 -P benchmarks/bench_blockwise.py --suite decode --out "$OUT/mxf8_sq" \
+        --impls ours_mxfp8,ours_pertensor --decode-ms ${MXF8_MS:-32,64,128} \
+        --mx-configs sm90_mxf8_blockscaled_swap_64x32_sq,sm90_mxf8_blockscaled_swap_64x64_sq,sm90_mxf8_blockscaled_swap_64x128_sq ;;
     # composite modes
     sweep) step sweep_decode; step sweep_large; step host ;;
     measure) step sass; TESTS="${TESTS:-tests/test_gpu_fp8.py -k 'every_config or command_buffers or batch_dims or nan_inf or dot_on_gpu or no_silent'}" step tests

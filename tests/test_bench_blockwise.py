@@ -63,3 +63,22 @@ def test_bad_usage_without_gpu(tmp_path):
   r = subprocess.run([sys.executable, "-P", SCRIPT, "--suite", "large", "--out", str(tmp_path)],
                      env=_env(), capture_output=True, text=True, timeout=120)
   assert r.returncode == 2, r.stderr[-2000:]
+
+
+def test_smoke_forced_mx_configs_on_cpu(tmp_path):
+  """--mx-configs adds decode rows ours_mxfp8[CONFIG] (the config forced, checked like ours);
+  an unknown config name is a usage error."""
+  sq = "sm90_mxf8_blockscaled_swap_64x64_sq"
+  out = tmp_path / "out"
+  r = subprocess.run([sys.executable, "-P", SCRIPT, "--suite", "smoke", "--out", str(out), "--repeats", "1",
+                      "--repeat-ms", "1", "--no-torch", "--no-plot", "--impls", "ours_mxfp8",
+                      "--mx-configs", sq], env=_env(), capture_output=True, text=True, timeout=300)
+  assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+  data = json.loads((out / "bench_blockwise.json").read_text())
+  assert not data["failures"]
+  forced = [row for row in data["rows"] if row["impl"] == f"ours_mxfp8[{sq}]"]
+  assert forced and all(row["kind"] == "decode" and row["config"] == sq and row["rel_err"] < 2e-2
+                        for row in forced)
+  r = subprocess.run([sys.executable, "-P", SCRIPT, "--suite", "smoke", "--mx-configs", "nope"], env=_env(),
+                     capture_output=True, text=True, timeout=120)
+  assert r.returncode == 2 and "--mx-configs: unknown nope" in r.stderr
