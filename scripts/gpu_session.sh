@@ -90,7 +90,7 @@ step() {
       fi
       mkdir -p "$OUT/mxf8_sq"
       timeout ${T_BW:-300} python3 -P benchmarks/bench_blockwise.py --suite decode --out "$OUT/mxf8_sq" \
-        --impls ours_mxfp8,ours_pertensor --decode-ms ${MXF8_MS:-32,64,128} \
+        --impls ours_mxfp8,ours_pertensor --decode-ms ${MXF8_MS:-1,16,32,64,128} \
         --mx-configs sm90_mxf8_blockscaled_swap_64x32_sq,sm90_mxf8_blockscaled_swap_64x64_sq,sm90_mxf8_blockscaled_swap_64x128_sq ;;
     # composite modes
     sweep) step sweep_decode; step sweep_large; step host ;;
