@@ -66,7 +66,7 @@ Suites
           dequantizes its operands and is ~100x slower. Per-GEMM us and weight GB/s (fp8 bytes
           plus scale bytes). Bars: ours_1d2d within 1.15x of ours_pertensor; >= 15x faster than
           jax.nn.scaled_matmul. --mx-configs A,B adds rows ours_mxfp8[A], ... with mx_gemm forced
-          onto those Hopper configs (e.g. the unmeasured jax_gmma.mx.SM90_UNMEASURED ones).
+          onto those Hopper configs (to measure a config the heuristic does not pick).
   quant   jax_gmma.quantize of a 4096x7168 bf16 activation to fp8_1x128 vs the 4096xNx7168
           block-scaled GEMM it feeds, N in (2112, 7168, 24576). Each jitted call runs QUANT_OPS
           independent operations on distinct inputs (so JAX's per-call dispatch, ~20-25 us for a
@@ -974,7 +974,7 @@ def parse_args(argv=None):
   p.add_argument("--mx-configs", default="", type=lambda v: [c for c in v.split(",") if c],
                  help="decode suite: extra rows ours_mxfp8[CONFIG] forcing these Hopper MXFP8 configs "
                       "(comma list of jax_gmma.mx.KERNELS['sm_90a'] names, e.g. "
-                      "sm90_mxf8_blockscaled_swap_64x64_sq)")
+                      "sm90_mxf8_blockscaled_swap_128x64)")
   p.add_argument("--decode-nk", default="", type=lambda v: [c for c in v.split(",") if c],
                  help="decode suite: these NxK (default 8192x8192,28672x8192)")
   a = p.parse_args(argv)

@@ -11,8 +11,7 @@
 // mainloop promotes at most once per 128 of K, so this is a mainloop of our own:
 //
 // * CTA tile 128 rows (two consumer warp groups of 64) or 64 rows (one; twice the CTAs for
-//   decode shapes with few 128-row tiles; or two, each taking half of the BQ columns: the
-//   "_sq" configs, not yet measured) x BQ (16, 32, 64 or 128), K step 128 (four 32-K
+//   decode shapes with few 128-row tiles) x BQ (16, 32, 64 or 128), K step 128 (four 32-K
 //   scale blocks), 5-8 stage TMA pipeline (16 in the one-CTA-per-SM "_deep" configs;
 //   mbarrier full / empty pairs). Warp group 0 is the
 //   producer (one thread issues two 2-D TMA loads, 128B-swizzled, and two 512-byte bulk
@@ -61,51 +60,44 @@ constexpr int kBK = 128;
 constexpr int kGroupP = 8;
 constexpr int kAtomBytes = 512;  // one 128 x 4 scale atom
 
-// kCons consumer warp groups: by default each takes 64 P rows, so a CTA tile is 64 kCons P rows
-// (kCons = 2: a 128-row P tile; 1: 64 rows, twice the CTAs, for decode shapes whose N / 128
-// tiles leave SMs idle). kSQ ("split Q", kCons = 2): both warp groups take the same 64 P rows
-// and half of the BQ columns each (BQW = BQ / 2), so a 64-row weight tile of a decode shape is
-// worked on by two warp groups: the promotion, which grows with the tokens, is spread over
-// twice the warps of an SM (the one-warp-group 64-row configs leave the tensor core and the
-// FP32 pipes waiting on one warp group's dependency chain).
-template <int BQ, int kCons, bool kDeep, bool kSQ>
+// kCons consumer warp groups of 64 P rows each: 2 (a 128-row P tile) or 1 (64 rows: twice the
+// CTAs, for decode shapes whose N / 128 tiles leave SMs idle).
+template <int BQ, int kCons, bool kDeep>
 struct Cfg {
   static_assert(BQ == 16 || BQ == 32 || BQ == 64 || BQ == 128, "wgmma N tile");
   static_assert(kCons == 1 || kCons == 2, "consumer warp groups");
-  static_assert(!kSQ || (kCons == 2 && BQ >= 32), "split-Q tiles have two warp groups of >= 16 columns");
-  static constexpr int kBP = kSQ ? 64 : 64 * kCons;
-  static constexpr int BQW = kSQ ? BQ / kCons : BQ;  // columns (wgmma N) of one consumer warp group
+  static constexpr int kBP = 64 * kCons;
   static constexpr int kThreads = 128 * (1 + kCons);
   // Small tiles: two CTAs per SM. Setmaxnreg moves registers inside the CTA's launch pool:
   // kProducerRegs + kCons * kConsumerRegs <= (1 + kCons) * (65536 / (kThreads * kMinBlocks)).
   // kDeep (one consumer warp group only): one CTA per SM with 16 stages in flight instead of
   // two CTAs with 8 each, for weight streams of at most one wave of 64-row tiles.
   static_assert(!kDeep || kCons == 1, "deep pipelines are built for one consumer warp group");
-  static constexpr int kMinBlocks = kDeep ? 1 : (kCons == 1 || BQW <= 32) ? 2 : 1;
-  static constexpr int kStages = kDeep ? 16 : kCons == 1 ? 8 : kSQ ? (kMinBlocks == 2 ? 6 : 8) : (kMinBlocks == 2 ? 5 : 6);
+  static constexpr int kMinBlocks = kDeep ? 1 : (kCons == 1 || BQ <= 32) ? 2 : 1;
+  static constexpr int kStages = kDeep ? 16 : kCons == 1 ? 8 : (kMinBlocks == 2 ? 5 : 6);
   static constexpr int kConsumerRegs = kDeep ? 232 : kCons == 1 ? (BQ == 64 ? 216 : 120) : (kMinBlocks == 2 ? 104 : 232);
   static constexpr int kProducerRegs = kCons == 1 ? 40 : (kMinBlocks == 2 ? 24 : 40);
   static_assert(kProducerRegs + kCons * kConsumerRegs <= (1 + kCons) * (65536 / (kThreads * kMinBlocks) / 8 * 8),
                 "setmaxnreg: the warp groups' registers exceed the CTA's launch allocation");
-  static constexpr int kG = BQW >= 32 ? BQW / 32 : 1;  // decoded column scales per 32-row group
-  static constexpr int kAcc = BQW / 2;                 // accumulators per thread
-  static constexpr bool kBatch = BQW <= 64;            // a stage's four wgmmas at once (see the kernel)
+  static constexpr int kG = BQ >= 32 ? BQ / 32 : 1;  // decoded column scales per 32-row group
+  static constexpr int kAcc = BQ / 2;                 // accumulators per thread
+  static constexpr bool kBatch = BQ <= 64;            // a stage's four wgmmas at once (see the kernel)
   static constexpr uint32_t kStageTx = (kBP + BQ) * kBK + 2 * kAtomBytes;
 };
 
-template <int BQ, int kCons, bool kDeep, bool kSQ>
+template <int BQ, int kCons, bool kDeep>
 struct SharedStorage {
-  using C = Cfg<BQ, kCons, kDeep, kSQ>;
+  using C = Cfg<BQ, kCons, kDeep>;
   alignas(1024) uint8_t p[C::kStages][C::kBP * kBK];
   alignas(1024) uint8_t q[C::kStages][BQ * kBK];
   uint32_t sfp[C::kStages][128];
   uint32_t sfq[C::kStages][128];
-  float colf[kCons][2][4 * C::BQW];  // [consumer][buffer][kb][q % 32][q / 32] of its columns
+  float colf[kCons][2][4 * BQ];  // [consumer][buffer][kb][q % 32][q / 32]
   uint64_t full[C::kStages];
   uint64_t empty[C::kStages];
 };
-template <int BQ, int kCons, bool kDeep, bool kSQ>
-constexpr int smem_bytes() { return static_cast<int>(sizeof(SharedStorage<BQ, kCons, kDeep, kSQ>)) + 1024; }  // + alignment slack
+template <int BQ, int kCons, bool kDeep>
+constexpr int smem_bytes() { return static_cast<int>(sizeof(SharedStorage<BQ, kCons, kDeep>)) + 1024; }  // + alignment slack
 
 struct Params {
   const uint8_t* p_sf;  // scale atoms of P / Q (swizzled 128x4 layout)
@@ -303,14 +295,14 @@ __device__ __forceinline__ void store_tile(const Params& p, const float (&acc)[B
   }
 }
 
-template <class OutT, bool kBias, bool kSwap, int BQ, int kCons, bool kDeep, bool kSQ>
-__global__ void __launch_bounds__(Cfg<BQ, kCons, kDeep, kSQ>::kThreads, Cfg<BQ, kCons, kDeep, kSQ>::kMinBlocks)
+template <class OutT, bool kBias, bool kSwap, int BQ, int kCons, bool kDeep>
+__global__ void __launch_bounds__(Cfg<BQ, kCons, kDeep>::kThreads, Cfg<BQ, kCons, kDeep>::kMinBlocks)
     mxf8_gemm_kernel(const __grid_constant__ CUtensorMap tma_p, const __grid_constant__ CUtensorMap tma_q,
                      const Params p) {
-  using C = Cfg<BQ, kCons, kDeep, kSQ>;
+  using C = Cfg<BQ, kCons, kDeep>;
   constexpr int kBP = C::kBP;
   extern __shared__ uint8_t smem_raw[];
-  SharedStorage<BQ, kCons, kDeep, kSQ>& s = *reinterpret_cast<SharedStorage<BQ, kCons, kDeep, kSQ>*>(
+  SharedStorage<BQ, kCons, kDeep>& s = *reinterpret_cast<SharedStorage<BQ, kCons, kDeep>*>(
       smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023));
   const int wg = threadIdx.x / 128;
   const int num_tiles = p.tiles_p * p.tiles_q;
@@ -355,21 +347,18 @@ __global__ void __launch_bounds__(Cfg<BQ, kCons, kDeep, kSQ>::kThreads, Cfg<BQ, 
   }
 
   cutlass::arch::warpgroup_reg_alloc<C::kConsumerRegs>();
-  // Consumer cw (0 .. kCons - 1): P rows 64 cw .. 64 cw + 63 of the tile, all BQ columns; with
-  // kSQ, P rows 0 .. 63 and columns qw0 .. qw0 + BQW - 1.
-  constexpr int BQW = C::BQW;
+  // Consumer cw (0 .. kCons - 1): P rows 64 cw .. 64 cw + 63 of the tile.
   const int cw = wg - 1;
-  const int qw0 = kSQ ? cw * BQW : 0;
   const int tid = threadIdx.x % 128;
   const int warp = tid / 32, lane = tid % 32;
   const int gid = lane / 4, t = lane % 4;
-  const int r0 = (kSQ ? 0 : 64 * cw) + 16 * warp + gid;  // this thread's P rows r0, r0 + 8 (in the tile)
+  const int r0 = 64 * cw + 16 * warp + gid;  // this thread's P rows r0, r0 + 8 (in the tile)
   float* colf_base = s.colf[cw][0];
 
-  // Each 32-K block is one wgmma into a fresh tile, then promoted into acc. BQW <= 64
+  // Each 32-K block is one wgmma into a fresh tile, then promoted into acc. BQ <= 64
   // (C::kBatch): a stage's four wgmmas are issued at once into four tiles and block kb is
   // promoted as soon as its commit group is done (wait_group 3 - kb): one wgmma latency per
-  // stage. BQW = 128 (four 64-float tiles would not fit in the registers): two tiles alternate;
+  // stage. BQ = 128 (four 64-float tiles would not fit in the registers): two tiles alternate;
   // once block kb's wgmma is done, block kb + 1's is issued and block kb is promoted while the
   // tensor core works. (Tried: issuing the next stage's wgmma into each tile as soon as it is
   // promoted, so three stay in flight across stages -- ptxas then serializes every wgmma, C7514,
@@ -384,9 +373,9 @@ __global__ void __launch_bounds__(Cfg<BQ, kCons, kDeep, kSQ>::kThreads, Cfg<BQ, 
   for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
     int pt, qt;
     tile_coords(tile, p, &pt, &qt);
-    // The Q row this thread decodes (one per thread while tid < BQW) and its P rows, in atom
+    // The Q row this thread decodes (one per thread while tid < BQ) and its P rows, in atom
     // coordinates, as scale-word indices.
-    const int qa = (qt * BQ) % 128 + qw0 + tid;
+    const int qa = (qt * BQ) % 128 + tid;
     const int wq = (qa % 32) * 4 + qa / 32;
     const int pa0 = (pt * kBP) % 128 + r0, pa1 = pa0 + 8;
     const int wp0 = (pa0 % 32) * 4 + pa0 / 32, wp1 = (pa1 % 32) * 4 + pa1 / 32;
@@ -394,24 +383,24 @@ __global__ void __launch_bounds__(Cfg<BQ, kCons, kDeep, kSQ>::kThreads, Cfg<BQ, 
     for (int i = 0; i < C::kAcc; ++i) acc[i] = 0.f;
     for (int kt = 0; kt < p.k_tiles; ++kt) {
       mbar_wait(&s.full[stage], phase);
-      float* colf = colf_base + buf * 4 * BQW;
-      if (tid < BQW) {
+      float* colf = colf_base + buf * 4 * BQ;
+      if (tid < BQ) {
         const uint32_t w = s.sfq[stage][wq];
 #pragma unroll
         for (int kb = 0; kb < 4; ++kb)
-          colf[kb * BQW + (tid % 32) * C::kG + tid / 32] = e8m0_to_float((w >> (8 * kb)) & 0xff);
+          colf[kb * BQ + (tid % 32) * C::kG + tid / 32] = e8m0_to_float((w >> (8 * kb)) & 0xff);
       }
       const uint32_t rp0 = s.sfp[stage][wp0], rp1 = s.sfp[stage][wp1];
       const uint32_t colf_s = smem_u32(colf);
-      const uint64_t da = make_desc(s.p[stage] + (kSQ ? 0 : cw * 64 * kBK));
-      const uint64_t db = make_desc(s.q[stage] + qw0 * kBK);  // 1024-byte aligned: BQW % 8 == 0
+      const uint64_t da = make_desc(s.p[stage] + cw * 64 * kBK);
+      const uint64_t db = make_desc(s.q[stage]);
       if constexpr (C::kBatch) {
 #pragma unroll
         for (int kb = 0; kb < 4; ++kb) fence_tile(tb[kb]);
         cute::warpgroup_arrive();
 #pragma unroll
         for (int kb = 0; kb < 4; ++kb) {
-          wgmma_fresh<BQW>(da + 2 * kb, db + 2 * kb, tb[kb]);  // +32 bytes of K per block
+          wgmma_fresh<BQ>(da + 2 * kb, db + 2 * kb, tb[kb]);  // +32 bytes of K per block
           cute::warpgroup_commit_batch();
         }
         named_sync(1 + cw, 128);  // colf written by the warp group
@@ -420,13 +409,13 @@ __global__ void __launch_bounds__(Cfg<BQ, kCons, kDeep, kSQ>::kThreads, Cfg<BQ, 
           wait_groups_after(kb);
           fence_tile(tb[kb]);
           if (kb == 3 && lane == 0) mbar_arrive(&s.empty[stage]);  // operands no longer read
-          promote<BQW>(acc, tb[kb], e8m0_to_float((rp0 >> (8 * kb)) & 0xff),
-                      e8m0_to_float((rp1 >> (8 * kb)) & 0xff), colf_s + kb * BQW * 4, t);
+          promote<BQ>(acc, tb[kb], e8m0_to_float((rp0 >> (8 * kb)) & 0xff),
+                      e8m0_to_float((rp1 >> (8 * kb)) & 0xff), colf_s + kb * BQ * 4, t);
         }
       } else {
         fence_tile(t0);
         cute::warpgroup_arrive();
-        wgmma_fresh<BQW>(da, db, t0);
+        wgmma_fresh<BQ>(da, db, t0);
         cute::warpgroup_commit_batch();
         named_sync(1 + cw, 128);  // colf written by the warp group
 #pragma unroll
@@ -438,13 +427,13 @@ __global__ void __launch_bounds__(Cfg<BQ, kCons, kDeep, kSQ>::kThreads, Cfg<BQ, 
           if (kb < 3) {  // the tensor core takes block kb + 1 while this block is promoted
             fence_tile(nxt);
             cute::warpgroup_arrive();
-            wgmma_fresh<BQW>(da + 2 * (kb + 1), db + 2 * (kb + 1), nxt);  // +32 bytes of K per block
+            wgmma_fresh<BQ>(da + 2 * (kb + 1), db + 2 * (kb + 1), nxt);  // +32 bytes of K per block
             cute::warpgroup_commit_batch();
           } else if (lane == 0) {
             mbar_arrive(&s.empty[stage]);  // operands no longer read
           }
-          promote<BQW>(acc, cur, e8m0_to_float((rp0 >> (8 * kb)) & 0xff),
-                      e8m0_to_float((rp1 >> (8 * kb)) & 0xff), colf_s + kb * BQW * 4, t);
+          promote<BQ>(acc, cur, e8m0_to_float((rp0 >> (8 * kb)) & 0xff),
+                      e8m0_to_float((rp1 >> (8 * kb)) & 0xff), colf_s + kb * BQ * 4, t);
         }
       }
       if (++stage == C::kStages) {
@@ -453,7 +442,7 @@ __global__ void __launch_bounds__(Cfg<BQ, kCons, kDeep, kSQ>::kThreads, Cfg<BQ, 
       }
       buf ^= 1;
     }
-    store_tile<OutT, kBias, kSwap, BQW>(p, acc, pt * kBP + r0, qt * BQ + qw0 + 2 * t);
+    store_tile<OutT, kBias, kSwap, BQ>(p, acc, pt * kBP + r0, qt * BQ + 2 * t);
   }
 }
 
@@ -507,19 +496,19 @@ bool aligned(const GemmArgs& g) {
 
 size_t workspace_size(const GemmArgs&) { return 0; }
 
-template <class OutT, bool kSwap, int BQ, int kCons, bool kDeep, bool kSQ>
+template <class OutT, bool kSwap, int BQ, int kCons, bool kDeep>
 cudaError_t prepare() {
-  for (auto fn : {mxf8_gemm_kernel<OutT, false, kSwap, BQ, kCons, kDeep, kSQ>, mxf8_gemm_kernel<OutT, true, kSwap, BQ, kCons, kDeep, kSQ>}) {
+  for (auto fn : {mxf8_gemm_kernel<OutT, false, kSwap, BQ, kCons, kDeep>, mxf8_gemm_kernel<OutT, true, kSwap, BQ, kCons, kDeep>}) {
     cudaError_t e =
-        cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<BQ, kCons, kDeep, kSQ>());
+        cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<BQ, kCons, kDeep>());
     if (e != cudaSuccess) return e;
   }
   return cudaSuccess;
 }
 
-template <class OutT, bool kSwap, int BQ, int kCons, bool kDeep, bool kSQ>
+template <class OutT, bool kSwap, int BQ, int kCons, bool kDeep>
 cudaError_t run(const GemmArgs& g, cudaStream_t stream) {
-  using C = Cfg<BQ, kCons, kDeep, kSQ>;
+  using C = Cfg<BQ, kCons, kDeep>;
   constexpr int kBP = C::kBP;
   if (!aligned(g)) return cudaErrorMisalignedAddress;
   Params p;
@@ -540,48 +529,45 @@ cudaError_t run(const GemmArgs& g, cudaStream_t stream) {
   int sms = g.sm_count;
   if (sms <= 0 && cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, g.device) != cudaSuccess) sms = 132;
   const dim3 grid(std::min(tiles, sms * C::kMinBlocks));
-  constexpr int smem = smem_bytes<BQ, kCons, kDeep, kSQ>();
+  constexpr int smem = smem_bytes<BQ, kCons, kDeep>();
   if (g.bias)
-    mxf8_gemm_kernel<OutT, true, kSwap, BQ, kCons, kDeep, kSQ><<<grid, C::kThreads, smem, stream>>>(mp, mq, p);
+    mxf8_gemm_kernel<OutT, true, kSwap, BQ, kCons, kDeep><<<grid, C::kThreads, smem, stream>>>(mp, mq, p);
   else
-    mxf8_gemm_kernel<OutT, false, kSwap, BQ, kCons, kDeep, kSQ><<<grid, C::kThreads, smem, stream>>>(mp, mq, p);
+    mxf8_gemm_kernel<OutT, false, kSwap, BQ, kCons, kDeep><<<grid, C::kThreads, smem, stream>>>(mp, mq, p);
   return cudaGetLastError();
 }
 
-template <class OutT, bool kSwap, int BQ, int kCons, bool kDeep, bool kSQ>
+template <class OutT, bool kSwap, int BQ, int kCons, bool kDeep>
 KernelEntry entry(const char* name, DType d) {
   return KernelEntry{name, DType::kF8E4M3, DType::kF8E4M3, d, &can_implement, &workspace_size,
-                     &prepare<OutT, kSwap, BQ, kCons, kDeep, kSQ>, &run<OutT, kSwap, BQ, kCons, kDeep, kSQ>,
-                     smem_bytes<BQ, kCons, kDeep, kSQ>(), Cfg<BQ, kCons, kDeep, kSQ>::kThreads, 90};
+                     &prepare<OutT, kSwap, BQ, kCons, kDeep>, &run<OutT, kSwap, BQ, kCons, kDeep>,
+                     smem_bytes<BQ, kCons, kDeep>(), Cfg<BQ, kCons, kDeep>::kThreads, 90};
 }
 
 }  // namespace jax_gmma::sm90_mxf8
 
 namespace jax_gmma {
 
-// The kernel table rows of this family (cpp/registry.cc): one large-M config and the decode
-// (swap) configs -- 128- or 64-row weight tiles x 16, 32 or 64 tokens, the 64-row 16- and
-// 32-token tiles as one-CTA-per-SM 16-stage "_deep" variants, and 64-row tiles of 32, 64 or 128
-// tokens split between two consumer warp groups ("_sq") -- each for bfloat16 and float32 output.
+// The kernel table rows of this family (cpp/registry.cc): one large-M config and eight decode
+// (swap) configs -- 128- or 64-row weight tiles x 16, 32 or 64 tokens, and the 64-row 16- and
+// 32-token tiles as one-CTA-per-SM 16-stage "_deep" variants -- each for bfloat16 and float32
+// output.
 int sm90_mx_mxf8_entries(KernelEntry* out) {
   using namespace sm90_mxf8;
   using BF16 = cutlass::bfloat16_t;
   int n = 0;
-#define JG_ENTRY(name, swap, bq, cons, deep, sq)                               \
-  out[n++] = entry<BF16, swap, bq, cons, deep, sq>(name, DType::kBF16); \
-  out[n++] = entry<float, swap, bq, cons, deep, sq>(name, DType::kF32);
-  JG_ENTRY("sm90_mxf8_blockscaled_128x128", false, 128, 2, false, false)
-  JG_ENTRY("sm90_mxf8_blockscaled_swap_128x16", true, 16, 2, false, false)
-  JG_ENTRY("sm90_mxf8_blockscaled_swap_128x32", true, 32, 2, false, false)
-  JG_ENTRY("sm90_mxf8_blockscaled_swap_128x64", true, 64, 2, false, false)
-  JG_ENTRY("sm90_mxf8_blockscaled_swap_64x16", true, 16, 1, false, false)
-  JG_ENTRY("sm90_mxf8_blockscaled_swap_64x32", true, 32, 1, false, false)
-  JG_ENTRY("sm90_mxf8_blockscaled_swap_64x64", true, 64, 1, false, false)
-  JG_ENTRY("sm90_mxf8_blockscaled_swap_64x16_deep", true, 16, 1, true, false)
-  JG_ENTRY("sm90_mxf8_blockscaled_swap_64x32_deep", true, 32, 1, true, false)
-  JG_ENTRY("sm90_mxf8_blockscaled_swap_64x32_sq", true, 32, 2, false, true)
-  JG_ENTRY("sm90_mxf8_blockscaled_swap_64x64_sq", true, 64, 2, false, true)
-  JG_ENTRY("sm90_mxf8_blockscaled_swap_64x128_sq", true, 128, 2, false, true)
+#define JG_ENTRY(name, swap, bq, cons, deep)                               \
+  out[n++] = entry<BF16, swap, bq, cons, deep>(name, DType::kBF16); \
+  out[n++] = entry<float, swap, bq, cons, deep>(name, DType::kF32);
+  JG_ENTRY("sm90_mxf8_blockscaled_128x128", false, 128, 2, false)
+  JG_ENTRY("sm90_mxf8_blockscaled_swap_128x16", true, 16, 2, false)
+  JG_ENTRY("sm90_mxf8_blockscaled_swap_128x32", true, 32, 2, false)
+  JG_ENTRY("sm90_mxf8_blockscaled_swap_128x64", true, 64, 2, false)
+  JG_ENTRY("sm90_mxf8_blockscaled_swap_64x16", true, 16, 1, false)
+  JG_ENTRY("sm90_mxf8_blockscaled_swap_64x32", true, 32, 1, false)
+  JG_ENTRY("sm90_mxf8_blockscaled_swap_64x64", true, 64, 1, false)
+  JG_ENTRY("sm90_mxf8_blockscaled_swap_64x16_deep", true, 16, 1, true)
+  JG_ENTRY("sm90_mxf8_blockscaled_swap_64x32_deep", true, 32, 1, true)
 #undef JG_ENTRY
   return n;
 }

@@ -19,9 +19,7 @@ Paths (chosen at trace time, per the first CUDA device):
   groups), and for decode the "swap" configs ``..._swap_{128,64}x{16,32,64}`` (the weights
   stream through the wgmma M side in 128- or 64-row tiles -- 64 doubles the CTAs where N is
   small -- and the M tokens are its N side; ``..._swap_64x{16,32}_deep``: one CTA per SM with
-  16 pipeline stages, where the 64-row tiles make at most one wave; ``..._swap_64x{32,64,128}_sq``:
-  64-row tiles whose two consumer warp groups take half the tokens each, built but not yet
-  measured, so never picked -- :data:`SM90_UNMEASURED`); and for a few tokens at
+  16 pipeline stages, where the 64-row tiles make at most one wave); and for a few tokens at
   small N the weight-streaming kernel ``cpp/sm90_mxf8_gemm_blockscaled_stream.cu``
   (``sm90_mxf8_stream_16x8_kw{2,4,8,16}``: 16 weight rows x 8 tokens per warp on mma.sync, K
   split over 2-16 warps; ``sm90_mxf8_stream_16x16_kw{4,8}``: 16 tokens per warp; the same
@@ -109,9 +107,7 @@ KERNELS = {
                              "sm90_mxf8_blockscaled_swap_128x32", "sm90_mxf8_blockscaled_swap_128x64",
                              "sm90_mxf8_blockscaled_swap_64x16", "sm90_mxf8_blockscaled_swap_64x32",
                              "sm90_mxf8_blockscaled_swap_64x64", "sm90_mxf8_blockscaled_swap_64x16_deep",
-                             "sm90_mxf8_blockscaled_swap_64x32_deep", "sm90_mxf8_blockscaled_swap_64x32_sq",
-                             "sm90_mxf8_blockscaled_swap_64x64_sq", "sm90_mxf8_blockscaled_swap_64x128_sq",
-                             "sm90_mxf8_stream_16x8_kw2",
+                             "sm90_mxf8_blockscaled_swap_64x32_deep", "sm90_mxf8_stream_16x8_kw2",
                              "sm90_mxf8_stream_16x8_kw4", "sm90_mxf8_stream_16x8_kw8",
                              "sm90_mxf8_stream_16x8_kw16", "sm90_mxf8_stream_16x16_kw4",
                              "sm90_mxf8_stream_16x16_kw8"),
@@ -385,13 +381,6 @@ def resolve_path(arch: Optional[str], problem: MxProblem, path: Optional[str]) -
   return "kernel"
 
 
-#: Hopper MXFP8 configs built and SASS-checked but not yet run on a GPU (session 20 had no device
-#: time): 64-row weight tiles of 32 / 64 / 128 tokens whose two consumer warp groups take half
-#: the tokens each ("split Q"). select_sm90_config never picks them; config= runs them. To be
-#: measured against swap_64x{32,64} and swap_128x64 at M = 17..128 (tools/bench_mxf8_kernel.cu,
-#: then the decode chains) before the heuristic may pick them.
-SM90_UNMEASURED = frozenset({"sm90_mxf8_blockscaled_swap_64x32_sq", "sm90_mxf8_blockscaled_swap_64x64_sq",
-                             "sm90_mxf8_blockscaled_swap_64x128_sq"})
 #: Hopper MXFP8: up to this N the decode configs use 64-row weight tiles (N / 128 tiles would
 #: leave SMs of the H200's 132 idle).
 SM90_SMALL_N = 16384

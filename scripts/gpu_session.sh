@@ -12,7 +12,7 @@
 #   sweep    benchmarks/sweep.py: decode + large suites (SWEEP_*_ARGS add options), host cost
 #   steps    tests, sass, sweep_decode, sweep_large, large (+ LARGE_ARGS), decode, host, bw_large, bw_decode,
 #            bw_quant (block-scaled benchmark suites, BW_ARGS add options), wo_smoke, wo_decode, wo_prefill, wo_all (FP4
-#            weight-only suites), mxf8_sq (the unmeasured split-Q MXFP8 configs), minilm, llama (examples);
+#            weight-only suites), mxf8_configs (MXFP8 configs forced: MX_CONFIGS), minilm, llama (examples);
 #            MODE may list several
 #            separated by commas (e.g. tests,sweep_decode)
 # Logs and results go to $OUT (at most 8 files come back from the device machine).
@@ -33,6 +33,7 @@ fi
 if [ -f "$REPO/prebuilt/src.tar" ]; then
   rm -rf /tmp/src && mkdir -p /tmp/src && tar -xf "$REPO/prebuilt/src.tar" -C /tmp/src \
     && mkdir -p /tmp/src/prebuilt && cp -r "$REPO"/prebuilt/*.so "$REPO"/prebuilt/wheels /tmp/src/prebuilt/ \
+    && { [ ! -f "$REPO/prebuilt/mxf8_bench" ] || cp "$REPO/prebuilt/mxf8_bench" /tmp/src/prebuilt/; } \
     && REPO=/tmp/src
 fi
 export PYTHONUNBUFFERED=1
@@ -78,20 +79,19 @@ step() {
     bw_large|bw_decode|bw_quant)  # benchmarks/bench_blockwise.py suites
       mkdir -p "$OUT/$1"
       timeout ${T_BW:-240} python3 -P benchmarks/bench_blockwise.py --suite "${1#bw_}" --out "$OUT/$1" ${BW_ARGS:-} ;;
-    mxf8_sq)  # the unmeasured split-Q MXFP8 configs (jax_gmma.mx.SM90_UNMEASURED) against today's picks:
-      # kernel alone (tools/bench_mxf8_kernel.cu, carried as prebuilt/mxf8_bench: float64 checks of
-      # the _sq configs, then timings), then the decode chains with the configs forced (--mx-configs)
+    mxf8_configs)  # MXFP8 configs the heuristic does not pick (MX_CONFIGS, comma list) against today's picks:
+      # kernel alone (tools/bench_mxf8_kernel.cu, carried as prebuilt/mxf8_bench: float64 checks of the
+      # configs matching MXF8_CHECK_ONLY, then timings), then the decode chains with the configs forced
       if [ -x prebuilt/mxf8_bench ]; then
-        MXF8_CHECK_ONLY=_sq timeout 120 prebuilt/mxf8_bench 20 \
+        MXF8_CHECK_ONLY=${MXF8_CHECK_ONLY:-swap} timeout 120 prebuilt/mxf8_bench 20 \
           && MXF8_SHAPES=${MXF8_SHAPES:-32x8192x8192,64x8192x8192,128x8192x8192,64x28672x8192,128x28672x8192} \
-             MXF8_TIME_ONLY="swap_64x32|swap_64x64|swap_128x64|swap_64x128" timeout 240 prebuilt/mxf8_bench 50 skip
+             MXF8_TIME_ONLY="${MXF8_TIME_ONLY:-swap_64x32|swap_64x64|swap_128x64|swap_64x128}" timeout 240 prebuilt/mxf8_bench 50 skip
       else
-        echo "mxf8_sq: no prebuilt/mxf8_bench (build it as tools/bench_mxf8_kernel.cu says); kernel-alone step skipped"
+        echo "mxf8_configs: no prebuilt/mxf8_bench (build it as tools/bench_mxf8_kernel.cu says); kernel-alone step skipped"
       fi
-      mkdir -p "$OUT/mxf8_sq"
-      timeout ${T_BW:-300} python3 -P benchmarks/bench_blockwise.py --suite decode --out "$OUT/mxf8_sq" \
-        --impls ours_mxfp8,ours_pertensor --decode-ms ${MXF8_MS:-1,16,32,64,128} \
-        --mx-configs sm90_mxf8_blockscaled_swap_64x32_sq,sm90_mxf8_blockscaled_swap_64x64_sq,sm90_mxf8_blockscaled_swap_64x128_sq ;;
+      mkdir -p "$OUT/mxf8_configs"
+      timeout ${T_BW:-300} python3 -P benchmarks/bench_blockwise.py --suite decode --out "$OUT/mxf8_configs" \
+        --impls ours_mxfp8,ours_pertensor --decode-ms ${MXF8_MS:-1,16,32,64,128} --mx-configs "${MX_CONFIGS:-}" ;;
     # composite modes
     sweep) step sweep_decode; step sweep_large; step host ;;
     measure) step sass; TESTS="${TESTS:-tests/test_gpu_fp8.py -k 'every_config or command_buffers or batch_dims or nan_inf or dot_on_gpu or no_silent'}" step tests

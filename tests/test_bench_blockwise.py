@@ -68,7 +68,7 @@ def test_bad_usage_without_gpu(tmp_path):
 def test_smoke_forced_mx_configs_on_cpu(tmp_path):
   """--mx-configs adds decode rows ours_mxfp8[CONFIG] (the config forced, checked like ours);
   an unknown config name is a usage error."""
-  sq = "sm90_mxf8_blockscaled_swap_64x64_sq"
+  sq = "sm90_mxf8_blockscaled_swap_128x64"
   out = tmp_path / "out"
   r = subprocess.run([sys.executable, "-P", SCRIPT, "--suite", "smoke", "--out", str(out), "--repeats", "1",
                       "--repeat-ms", "1", "--no-torch", "--no-plot", "--impls", "ours_mxfp8",
