@@ -46,10 +46,12 @@ DECODE = [(m, n, k) for (n, k) in [(8192, 8192), (28672, 8192)] for m in (1, 16,
 LARGE = [(8192, 8192, 8192), (4096, 2112, 7168), (4096, 24576, 1536), (4096, 7168, 16384)]
 
 
-def candidates(m, pattern=None):
+def candidates(m, pattern=None, with_sweep=True):
   out = []
   for c in configs.CONFIGS.values():
     if pattern and not re.search(pattern, c.name):
+      continue
+    if c.sweep and not with_sweep:  # not built (JAX_GMMA_SWEEP_KERNELS=0)
       continue
     if c.swap_ab and m > c.tile[1]:
       continue
@@ -108,7 +110,8 @@ def sweep_shape(m, n, k, repeats, sm_count, pattern=None, orders=((None, None),)
     rows.append(dict(m=m, n=n, k=k, config=name, splits=1, us=t * 1e6,
                      tflops=2 * m * n * k / t / 1e12, weight_gbs=n * k / t / 1e9,
                      pick=False, pick_fast=False, reference=True))
-  for cfg, s in candidates(m, pattern):
+  from jax_gmma import _backend
+  for cfg, s in candidates(m, pattern, with_sweep=_backend.sweep_kernels_built()):
     heuristic = configs.select_tile_order(prob, cfg)
     for order in orders:
       # None = the heuristic's (swizzle, raster), the tile order production runs.
@@ -160,6 +163,12 @@ def main():
   lines = [f"# sweep ({args.suite}) on {dev.device_kind}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
            "", "µs per GEMM (median); `x best` = time / best time of the shape; "
            "pick = the heuristic's choice (two-level / fast accumulation).", ""]
+  from jax_gmma import _backend
+  if not _backend.sweep_kernels_built():
+    note = ("sweep-only kernels (pinned stages, candidate tiles) not built: production configs only; "
+            "reinstall with JAX_GMMA_SWEEP_KERNELS=1 for them")
+    print(note, flush=True)
+    lines += [f"Note: {note}.", ""]
   warm_gpu()
   for m, n, k in shapes_:
     rs = sweep_shape(m, n, k, args.repeats, sm, args.configs, orders)

@@ -21,7 +21,11 @@ JAX_GMMA_DECLARE(e5m2e4m3, bf16)
 JAX_GMMA_DECLARE(e5m2e4m3, f16)
 JAX_GMMA_DECLARE(e5m2e4m3, f32)
 #undef JAX_GMMA_DECLARE
-int sm90_fp8_tensorwise_sweep_entries(KernelEntry* out);
+#if defined(JAX_GMMA_WITH_SWEEP)
+int sm90_fp8_tensorwise_sweep_entries(KernelEntry* out);  // JAX_GMMA_SWEEP_KERNELS=1 builds only
+#else
+static int sm90_fp8_tensorwise_sweep_entries(KernelEntry*) { return 0; }
+#endif
 int sm90_fp8_blockwise_1d2d_bf16_entries(KernelEntry* out);
 int sm90_fp8_blockwise_1d2d_f32_entries(KernelEntry* out);
 int sm90_fp8_blockwise_1d1d_bf16_entries(KernelEntry* out);

@@ -47,6 +47,14 @@ def kernels_built() -> bool:
   return bool(e is not None and e.cuda_built() and e.kernels())
 
 
+def sweep_kernels_built() -> bool:
+  """Whether the library holds the sweep-only kernels (built with JAX_GMMA_SWEEP_KERNELS=1)."""
+  from . import configs
+  e = ext()
+  return bool(kernels_built() and any(
+      k["config"] in configs.CONFIGS and configs.CONFIGS[k["config"]].sweep for k in e.kernels()))
+
+
 def built_archs() -> list:
   e = ext()
   return [a for a in (e.built_archs().split(",") if e is not None else []) if a]

@@ -51,6 +51,9 @@ def plan(problem: shapes.GemmProblem, sm_count: int, *, fast_accum=False, config
                                  problem.out_dtype.name, problem.m, problem.n, problem.k, s, sm_count,
                                  problem.a_scale == "row", problem.b_scale == "channel",
                                  problem.has_bias, order[0], configs.RASTERS[order[1]])
+  if err and cfg.sweep and err.startswith("no kernel"):
+    raise ValueError(f"jax_gmma: config {cfg.name} is a sweep-only kernel, and this jax_gmma was "
+                     "built without them: reinstall with JAX_GMMA_SWEEP_KERNELS=1")
   if err:
     raise ValueError(f"jax_gmma: kernel {cfg.name} (splits={s}) cannot run {problem}: {err}")
   return cfg, s, ws, order

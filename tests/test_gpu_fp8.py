@@ -92,8 +92,10 @@ def test_all_variants(pair, per_row, bias, out):
 
 @pytest.mark.parametrize("name", list(configs.CONFIGS))
 def test_every_config(name):
+  cfg = configs.CONFIGS[name]
+  if cfg.sweep and not _backend.sweep_kernels_built():
+    pytest.skip("sweep-only kernel: this jax_gmma was built without JAX_GMMA_SWEEP_KERNELS=1")
   for m in (1, 100, 300):
-    cfg = configs.CONFIGS[name]
     splits = 3 if cfg.stream_k else None
     run_case(m, 2048, 4096, per_row=True, bias=True, config=name, splits=splits,
              fast_accum=cfg.accum == "fast")
@@ -212,3 +214,15 @@ def test_no_silent_fallback_when_kernel_missing(monkeypatch):
 
 def test_command_buffers_bit_identical_and_captured():
   check_bit_identical_and_captured("cmdbuf_child.py")
+
+
+def test_sweep_config_without_sweep_kernels_is_a_clear_error():
+  """A sweep-only config on a library built without them (the default) is refused at trace time,
+  naming the build switch."""
+  if _backend.sweep_kernels_built():
+    pytest.skip("this jax_gmma was built with the sweep-only kernels")
+  name = next(n for n, c in configs.CONFIGS.items() if c.sweep and not c.swap_ab)
+  a = rand_fp8(_key(), (256, 512), E4)
+  b = rand_fp8(_key(), (256, 512), E4)
+  with pytest.raises(ValueError, match="JAX_GMMA_SWEEP_KERNELS=1"):
+    jax.jit(lambda a, b: jax_gmma.fp8_gemm(a, b, out_dtype=jnp.bfloat16, config=name))(a, b)
