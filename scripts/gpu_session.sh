@@ -2,6 +2,8 @@
 # One GPU session on the device machine. The kernel library is built on a CPU machine
 #   cmake -S . -B build/cuda && cmake --build build/cuda -j2 --target jax_gmma_cuda
 # and copied to prebuilt/ (carried with the call); here only the small extension is built.
+# The sweep steps time the sweep-only kernels only when the library was configured with
+# -DJAX_GMMA_SWEEP_KERNELS=1 (default off; without them benchmarks/sweep.py times the production configs).
 #
 # Usage: scripts/gpu_session.sh MODE
 #   tests    all tests (GPU tests included); TESTS="tests/x.py -k 'expr'" replaces the selection; with wheels of
