@@ -47,13 +47,13 @@ def plan(problem: shapes.GemmProblem, sm_count: int, *, fast_accum=False, config
   when CUTLASS's can_implement rejects it. Host-only; needs the built extension."""
   cfg, s = configs.select_config(problem, sm_count, fast_accum=fast_accum, config=config, splits=splits)
   order = configs.select_tile_order(problem, cfg, swizzle=swizzle, raster=raster)
+  if cfg.sweep and not _backend.sweep_kernels_built():
+    raise ValueError(f"jax_gmma: config {cfg.name} is a sweep-only kernel, and this jax_gmma was "
+                     "built without them: reinstall with JAX_GMMA_SWEEP_KERNELS=1")
   err, ws = _backend.ext().check(cfg.name, problem.a_dtype.name, problem.b_dtype.name,
                                  problem.out_dtype.name, problem.m, problem.n, problem.k, s, sm_count,
                                  problem.a_scale == "row", problem.b_scale == "channel",
                                  problem.has_bias, order[0], configs.RASTERS[order[1]])
-  if err and cfg.sweep and err.startswith("no kernel"):
-    raise ValueError(f"jax_gmma: config {cfg.name} is a sweep-only kernel, and this jax_gmma was "
-                     "built without them: reinstall with JAX_GMMA_SWEEP_KERNELS=1")
   if err:
     raise ValueError(f"jax_gmma: kernel {cfg.name} (splits={s}) cannot run {problem}: {err}")
   return cfg, s, ws, order

@@ -68,16 +68,16 @@ def test_bad_usage_without_gpu(tmp_path):
 def test_smoke_forced_mx_configs_on_cpu(tmp_path):
   """--mx-configs adds decode rows ours_mxfp8[CONFIG] (the config forced, checked like ours);
   an unknown config name is a usage error."""
-  sq = "sm90_mxf8_blockscaled_swap_128x64"
+  name = "sm90_mxf8_blockscaled_swap_128x64"
   out = tmp_path / "out"
   r = subprocess.run([sys.executable, "-P", SCRIPT, "--suite", "smoke", "--out", str(out), "--repeats", "1",
                       "--repeat-ms", "1", "--no-torch", "--no-plot", "--impls", "ours_mxfp8",
-                      "--mx-configs", sq], env=_env(), capture_output=True, text=True, timeout=300)
+                      "--mx-configs", name], env=_env(), capture_output=True, text=True, timeout=300)
   assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
   data = json.loads((out / "bench_blockwise.json").read_text())
   assert not data["failures"]
-  forced = [row for row in data["rows"] if row["impl"] == f"ours_mxfp8[{sq}]"]
-  assert forced and all(row["kind"] == "decode" and row["config"] == sq and row["rel_err"] < 2e-2
+  forced = [row for row in data["rows"] if row["impl"] == f"ours_mxfp8[{name}]"]
+  assert forced and all(row["kind"] == "decode" and row["config"] == name and row["rel_err"] < 2e-2
                         for row in forced)
   r = subprocess.run([sys.executable, "-P", SCRIPT, "--suite", "smoke", "--mx-configs", "nope"], env=_env(),
                      capture_output=True, text=True, timeout=120)
