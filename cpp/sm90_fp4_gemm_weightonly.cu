@@ -51,7 +51,9 @@ constexpr int kTileBytes = 512;  // 16 rows x 64 K of e2m1 codes
 // away, pair 2 a rotate away, pair 3 in two pieces. Left shifts are written as multiplies so
 // that they run on the FMA pipe (IMAD.SHL), not on the logic pipe this kernel leans on: 5 LOP3 +
 // 2 SHF + 2 IMAD per 8 weights (the previous layout needed 6 LOP3 + 2 SHF + 3 IMAD; 1-6% faster
-// on the H200, benchmarks/results/2026-11-30-h200/session12/wo_layout).
+// on the H200, benchmarks/results/2026-11-30-h200/session12/wo_layout). The two SHF moved to the
+// FMA pipe too (mul.hi / mul.wide: IMAD.HI, IMAD.WIDE) made the kernel 5-12% slower: that pipe
+// is already the fuller one (benchmarks/results/2026-12-02-h200/session22).
 constexpr uint32_t kPairMask = 0x81C081C0u;
 __device__ __forceinline__ uint32_t e2m1_pair0(uint32_t w) { return w & kPairMask; }
 __device__ __forceinline__ uint32_t e2m1_pair1(uint32_t w) { return (w * 16u) & kPairMask; }
