@@ -114,6 +114,14 @@ template <int TN>
 using CfgDecodeSwapPp = Config<Shape<_64, Int<TN>, _128>, Shape<_1, _1, _1>,
                                sched::KernelTmaWarpSpecializedPingpong,
                                epi::TmaWarpSpecialized, void, true>;
+// Decode with at most one wave of 64-row weight tiles (N <= 64 x SMs): one warp-specialized CTA
+// per tile (a producer warp, one consumer warpgroup; not persistent) with an explicit stage
+// count. Kernel alone at N = K = 8192, M = 1 / 16 / 64 (session 23,
+// tools/bench_fp8_decode_kernel.cu): 20.8 / 21.2 / 22.3 us vs 22.0 / 22.1 / 23.3 for the
+// persistent ping-pong kernel with the same tile and CUTLASS's automatic stage count.
+template <int TN, int S>
+using CfgDecodeSwapWs = Config<Shape<_64, Int<TN>, _128>, Shape<_1, _1, _1>,
+                               sched::KernelTmaWarpSpecialized, epi::TmaWarpSpecialized, void, true, S>;
 // Decode at M = 33..64 with many weight rows: the 64-token activation tile is re-read by every
 // weight tile (at N = 28672 about half as many bytes again as the weights, from L2); a 2x1
 // cluster's CTAs share it by TMA multicast. (256-row weight tiles, the other way to halve it,

@@ -19,7 +19,7 @@ class KernelConfig:
   name: str
   tile: tuple          # kernel (M, N, K) tile; with swap_ab the kernel's M is the problem's N
   cluster: tuple       # (x, y)
-  schedule: str        # "cooperative" | "pingpong"
+  schedule: str        # "cooperative" | "pingpong" | "warp-specialized" (one consumer warpgroup, not persistent)
   swap_ab: bool        # computes D^T = B A^T: small problem M becomes the kernel's N tile
   stream_k: bool       # stream-K scheduler (supports split-K with deterministic reduction)
   accum: str           # "2lvl": fp32 promotion every 128 K (precise) | "fast": wgmma accumulators only
@@ -49,6 +49,15 @@ _ALL = [
     KernelConfig("swap_64x16x128_pingpong_2lvl", (64, 16, 128), (1, 1), "pingpong", True, False, "2lvl"),
     KernelConfig("swap_64x32x128_pingpong_2lvl", (64, 32, 128), (1, 1), "pingpong", True, False, "2lvl"),
     KernelConfig("swap_64x64x128_pingpong_2lvl", (64, 64, 128), (1, 1), "pingpong", True, False, "2lvl"),
+    # One wave of 64-row tiles or less: one non-persistent warp-specialized CTA per tile with an
+    # explicit stage count. Session 23 (benchmarks/results/2026-12-02-h200/session23/): in the
+    # decode chain at N = K = 8192 1.10 / 1.06 / 1.04x the ping-pong kernel at M = 1 / 16 / 64;
+    # the 32-token tile stays ping-pong (no faster kernel alone), and so does the 64-token tile at
+    # half a wave or less (N <= 64 x SMs / 2), where it measured slower in the chain.
+    KernelConfig("swap_64x16x128_ws_s10_2lvl", (64, 16, 128), (1, 1), "warp-specialized", True, False, "2lvl",
+                 stages=10),
+    KernelConfig("swap_64x64x128_ws_s8_2lvl", (64, 64, 128), (1, 1), "warp-specialized", True, False, "2lvl",
+                 stages=8),
     # M = 33..64 with many weight rows: the activation tile is shared by a 2x1 cluster (TMA
     # multicast), halving its L2 reads.
     KernelConfig("swap_128x64x128_c2x1_coop_streamk_2lvl", (128, 64, 128), (2, 1), "cooperative", True, True,
@@ -203,6 +212,11 @@ _LARGE_FAST = ("128x256x128_c2x1_coop_fast", "128x192x128_c2x1_coop_fast",
                "128x128x128_c1x2_pingpong_fast")
 
 
+#: Decode tile per token tile width when the weight rows make at most one wave of 64-row tiles.
+_ONE_WAVE_DECODE = {16: "swap_64x16x128_ws_s10_2lvl", 32: "swap_64x32x128_pingpong_2lvl",
+                    64: "swap_64x64x128_ws_s8_2lvl"}
+
+
 def select_config(problem: GemmProblem, sm_count: int, *, fast_accum: bool = False,
                   config: Optional[str] = None, splits: Optional[int] = None) -> tuple:
   """Returns (KernelConfig, splits) for the problem on a GPU with `sm_count` SMs.
@@ -213,8 +227,9 @@ def select_config(problem: GemmProblem, sm_count: int, *, fast_accum: bool = Fal
   Decode (M <= 64): swap-AB with the smallest N tile covering M. With fast_accum, the stream-K
   configs' fast-accumulation twins (16- and 32-token tiles, and the 64-token 2x1 cluster);
   the ping-pong and the 64-token split-K decode tiles exist with two-level accumulation only,
-  which fast_accum=True then runs (more precise, never less). 64-row ping-pong tiles (no
-  workspace) when the weight rows make at most one wave of them; more weight rows: 128-row
+  which fast_accum=True then runs (more precise, never less). 64-row tiles (no workspace;
+  warp-specialized one CTA per tile for 16 tokens and for 64 over more than half a wave,
+  ping-pong otherwise) when the weight rows make at most one wave of them; more weight rows: 128-row
   cooperative tiles with CUTLASS's stream-K decomposition (measured at N = 28672: 5-11% faster
   than 3.4 waves of 64-row tiles), as 2x1 clusters for 64-token tiles (M = 33..64); fewer than a third of the SMs' worth of 64-row tiles
   (SPLIT_BELOW_SM_FRACTION): 128-row tiles with K split until the weight stream covers the SMs. Otherwise: the first large tile of the
@@ -234,7 +249,11 @@ def select_config(problem: GemmProblem, sm_count: int, *, fast_accum: bool = Fal
     m = problem.m
     if m <= 64:
       tn = 16 if m <= 16 else 32 if m <= 32 else 64
-      cfg = CONFIGS[f"swap_64x{tn}x128_pingpong_2lvl"]
+      cfg = CONFIGS[_ONE_WAVE_DECODE[tn]]
+      if tn == 64 and num_tiles(problem, cfg) <= sm_count // 2:
+        # Half a wave or less of 64-token tiles: ping-pong (in the chain at N = K = 4096, M = 64,
+        # twice 1.04-1.21x faster than the warp-specialized tile; session 23).
+        cfg = CONFIGS["swap_64x64x128_pingpong_2lvl"]
       tiles = num_tiles(problem, cfg)
       if tiles > sm_count:
         # 64-token tiles: a 2x1 cluster shares the activation tile by TMA multicast. Measured

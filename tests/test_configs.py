@@ -29,11 +29,16 @@ def test_decode_fills_the_gpu():
   assert cfg.swap_ab and cfg.stream_k and configs.num_tiles(prob(1, 1024, 8192), cfg) * s >= 64
 
 
-def test_decode_unsplit_pingpong_at_llama_widths():
-  # N = 4096: 64 ping-pong tiles (> 132 / 3): no split (measured 1.31x faster than 4 splits).
-  for n, k in ((4096, 4096), (4096, 14336), (6144, 4096)):
-    cfg, s = configs.select_config(prob(1, n, k), 132)
-    assert cfg.name == "swap_64x16x128_pingpong_2lvl" and s == 1, (n, k, cfg.name, s)
+def test_decode_unsplit_one_wave_at_llama_widths():
+  # N = 4096: 64 64-row tiles (> 132 / 3): no split (measured 1.31x faster than 4 splits); one
+  # warp-specialized CTA per tile for 16 / 64 tokens, ping-pong for 32.
+  # 64 tokens over half a wave or less of tiles (N = 4096: 64 tiles): ping-pong.
+  for n, k in ((4096, 4096), (4096, 14336), (6144, 4096), (8192, 8192)):
+    for m, want in ((1, "swap_64x16x128_ws_s10_2lvl"), (16, "swap_64x16x128_ws_s10_2lvl"),
+                    (32, "swap_64x32x128_pingpong_2lvl"),
+                    (64, "swap_64x64x128_pingpong_2lvl" if n == 4096 else "swap_64x64x128_ws_s8_2lvl")):
+      cfg, s = configs.select_config(prob(m, n, k), 132)
+      assert cfg.name == want and s == 1 and not cfg.stream_k, (m, n, k, cfg.name, s)
 
 
 def test_decode_many_weight_rows_streams_with_stream_k():
@@ -54,7 +59,7 @@ def test_fast_accum_decode_takes_the_fast_twin():
                   (64, "swap_128x64x128_c2x1_coop_streamk_fast")):
     cfg, s = configs.select_config(prob(m, 28672, 8192), 132, fast_accum=True)
     assert (cfg.name, s, cfg.accum) == (want, configs.STREAM_K_HEURISTIC, "fast"), (m, cfg.name, s)
-  assert configs.select_config(prob(1, 8192, 8192), 132, fast_accum=True)[0].name == "swap_64x16x128_pingpong_2lvl"
+  assert configs.select_config(prob(1, 8192, 8192), 132, fast_accum=True)[0].name == "swap_64x16x128_ws_s10_2lvl"
   assert configs.select_config(prob(1, 1024, 8192), 132, fast_accum=True)[0].name == \
       "swap_128x16x128_coop_streamk_fast"
   assert configs.select_config(prob(64, 1024, 8192), 132, fast_accum=True)[0].name == \
@@ -134,7 +139,7 @@ def test_tile_order_rules():
   assert configs.select_tile_order(prob(64, 256, 1024), big, swizzle=4, raster="n") == (4, "n")
   assert configs.select_tile_order(prob(8192, 8192, 8192), big, raster="n") == (8, "n")
   # Decode and stream-K: CUTLASS's default.
-  assert configs.select_tile_order(prob(1, 8192, 8192), configs.CONFIGS["swap_64x16x128_pingpong_2lvl"]) == \
+  assert configs.select_tile_order(prob(1, 8192, 8192), configs.CONFIGS["swap_64x16x128_ws_s10_2lvl"]) == \
       (1, "auto")
   assert configs.select_tile_order(prob(300, 8192, 8192), configs.CONFIGS["128x128x128_c1x1_coop_streamk_2lvl"]) \
       == (1, "auto")
