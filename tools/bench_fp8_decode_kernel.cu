@@ -23,15 +23,7 @@
 
 #include "sm90_fp8_gemm_tensorwise.cuh"
 
-
-#define CK(x)                                                                             \
-  do {                                                                                    \
-    cudaError_t e_ = (x);                                                                 \
-    if (e_ != cudaSuccess) {                                                              \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                       \
-    }                                                                                     \
-  } while (0)
+#include "cuda_check.h"
 
 namespace fp8_decode_bench {
 using namespace jax_gmma;
@@ -88,7 +80,7 @@ int bench_main(int argc, char** argv) {
                 k = argc > 3 ? atoll(argv[3]) : 8192;
   const int reps = argc > 4 ? atoi(argv[4]) : 9;
   int sms = 0;
-  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   std::vector<Row> rows = {
       {"lib swap_128x64 c2x1 coop streamk 2lvl (pick)", Sm90Fp8Gemm<E4, E4, BF, CfgDecodeSwapC2<64>>::entry("a"), 1, 0},
       {"lib swap_128x64 c2x1 coop streamk fast", Sm90Fp8Gemm<E4, E4, BF, CfgDecodeSwapCoopFast<64, 2>>::entry("b"), 1, 0},
@@ -118,22 +110,22 @@ int bench_main(int argc, char** argv) {
   uint16_t *d, *d0;
   float* scale;
   float* diff;
-  CK(cudaMalloc(&a, m * k));
-  CK(cudaMalloc(&w, size_t(kW) * n * k));
-  CK(cudaMalloc(&d, m * n * 2));
-  CK(cudaMalloc(&d0, m * n * 2));
-  CK(cudaMalloc(&scale, 4));
-  CK(cudaMalloc(&diff, 4));
+  CHECK(cudaMalloc(&a, m * k));
+  CHECK(cudaMalloc(&w, size_t(kW) * n * k));
+  CHECK(cudaMalloc(&d, m * n * 2));
+  CHECK(cudaMalloc(&d0, m * n * 2));
+  CHECK(cudaMalloc(&scale, 4));
+  CHECK(cudaMalloc(&diff, 4));
   const float s = 1.f / 64;
-  CK(cudaMemcpy(scale, &s, 4, cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(scale, &s, 4, cudaMemcpyHostToDevice));
   fill_fp8<<<1024, 256>>>(a, m * k, 1);
   fill_fp8<<<4096, 256>>>(w, size_t(kW) * n * k, 2);
-  CK(cudaDeviceSynchronize());
+  CHECK(cudaDeviceSynchronize());
   cudaStream_t st;
-  CK(cudaStreamCreate(&st));
+  CHECK(cudaStreamCreate(&st));
   cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
+  CHECK(cudaEventCreate(&e0));
+  CHECK(cudaEventCreate(&e1));
   std::printf("M=%lld N=%lld K=%lld, %d SMs; us per GEMM (median of %d x %d launches), max |d - d_row0|\n",
               (long long)m, (long long)n, (long long)k, sms, reps, kCalls);
   for (size_t r = 0; r < rows.size(); ++r) {
@@ -145,41 +137,41 @@ int bench_main(int argc, char** argv) {
       std::printf("%-48s can_implement: %s\n", row.name, why);
       continue;
     }
-    CK(row.e.prepare());
+    CHECK(row.e.prepare());
     size_t ws_bytes = row.e.workspace_size(g);
     void* ws = nullptr;
-    if (ws_bytes) CK(cudaMalloc(&ws, ws_bytes));
+    if (ws_bytes) CHECK(cudaMalloc(&ws, ws_bytes));
     g.workspace = ws, g.workspace_bytes = ws_bytes;
     std::vector<GemmArgs> gs(kW, g);
     for (int i = 0; i < kW; ++i) gs[i].b = w + size_t(i) * n * k;
-    for (int i = 0; i < kW; ++i) CK(row.e.run(gs[i], st));  // warm (and params cached)
-    CK(cudaStreamSynchronize(st));
+    for (int i = 0; i < kW; ++i) CHECK(row.e.run(gs[i], st));  // warm (and params cached)
+    CHECK(cudaStreamSynchronize(st));
     std::vector<float> t;
     for (int rep = 0; rep < reps; ++rep) {
-      CK(cudaEventRecord(e0, st));
-      for (int c = 0; c < kCalls; ++c) CK(row.e.run(gs[c % kW], st));
-      CK(cudaEventRecord(e1, st));
-      CK(cudaEventSynchronize(e1));
+      CHECK(cudaEventRecord(e0, st));
+      for (int c = 0; c < kCalls; ++c) CHECK(row.e.run(gs[c % kW], st));
+      CHECK(cudaEventRecord(e1, st));
+      CHECK(cudaEventSynchronize(e1));
       float ms;
-      CK(cudaEventElapsedTime(&ms, e0, e1));
+      CHECK(cudaEventElapsedTime(&ms, e0, e1));
       t.push_back(ms * 1e3f / kCalls);
     }
     std::sort(t.begin(), t.end());
     // Output check on weight 0 against row 0.
-    CK(cudaMemsetAsync(d, 0xff, m * n * 2, st));  // poison (bf16 NaN)
-    CK(row.e.run(gs[0], st));
+    CHECK(cudaMemsetAsync(d, 0xff, m * n * 2, st));  // poison (bf16 NaN)
+    CHECK(row.e.run(gs[0], st));
     float md = 0.f;
     if (r == 0) {
-      CK(cudaMemcpyAsync(d0, d, m * n * 2, cudaMemcpyDeviceToDevice, st));
+      CHECK(cudaMemcpyAsync(d0, d, m * n * 2, cudaMemcpyDeviceToDevice, st));
     } else {
-      CK(cudaMemsetAsync(diff, 0, 4, st));
+      CHECK(cudaMemsetAsync(diff, 0, 4, st));
       bf16_maxdiff<<<512, 256, 0, st>>>(d, d0, m * n, diff);
-      CK(cudaMemcpyAsync(&md, diff, 4, cudaMemcpyDeviceToHost, st));
+      CHECK(cudaMemcpyAsync(&md, diff, 4, cudaMemcpyDeviceToHost, st));
     }
-    CK(cudaStreamSynchronize(st));
+    CHECK(cudaStreamSynchronize(st));
     std::printf("%-48s %8.2f us  (%.0f GB/s of weights)  smem %d B  maxdiff %g\n", row.name, t[t.size() / 2],
                 double(n) * k / (t[t.size() / 2] * 1e3), row.e.smem_bytes, md);
-    if (ws) CK(cudaFree(ws));
+    if (ws) CHECK(cudaFree(ws));
   }
   return 0;
 }
