@@ -226,7 +226,7 @@ def select_config(problem: GemmProblem, sm_count: int, *, fast_accum: bool = Fal
 
   Decode (M <= 64): swap-AB with the smallest N tile covering M. With fast_accum, the stream-K
   configs' fast-accumulation twins (16- and 32-token tiles, and the 64-token 2x1 cluster);
-  the ping-pong and the 64-token split-K decode tiles exist with two-level accumulation only,
+  the 64-row one-wave tiles and the 64-token split-K decode tiles exist with two-level accumulation only,
   which fast_accum=True then runs (more precise, never less). 64-row tiles (no workspace;
   warp-specialized one CTA per tile for 16 tokens and for 64 over more than half a wave,
   ping-pong otherwise) when the weight rows make at most one wave of them; more weight rows: 128-row
