@@ -32,21 +32,17 @@ using namespace jax_gmma::sm90;
 constexpr DType E4 = DType::kF8E4M3;
 constexpr DType BF = DType::kBF16;
 
-// Candidates.
-template <int TM, int TN, int S>
-using WsSwap = Config<Shape<Int<TM>, Int<TN>, _128>, Shape<_1, _1, _1>, sched::KernelTmaWarpSpecialized,
-                      epi::TmaWarpSpecialized, void, true, S>;
+// Candidates: the library's decode configs with explicit stage counts (WithStages), and a
+// 128-row tile on the non-persistent warp-specialized kernel of CfgDecodeSwapWs.
 template <int TN, int S>
-using PpSwap = Config<Shape<_64, Int<TN>, _128>, Shape<_1, _1, _1>, sched::KernelTmaWarpSpecializedPingpong,
-                      epi::TmaWarpSpecialized, void, true, S>;
+using Ws128Swap = Config<Shape<_128, Int<TN>, _128>, Shape<_1, _1, _1>, sched::KernelTmaWarpSpecialized,
+                         epi::TmaWarpSpecialized, void, true, S>;
 template <int TN, int S>
-using CoopSwapS = Config<Shape<_128, Int<TN>, _128>, Shape<_1, _1, _1>,
-                         sched::KernelTmaWarpSpecializedCooperative, epi::TmaWarpSpecializedCooperative,
-                         cutlass::gemm::StreamKScheduler, true, S>;
+using PpSwap = WithStages<CfgDecodeSwapPp<TN>, S>;
 template <int TN, int S>
-using CoopSwapFastS = Config<Shape<_128, Int<TN>, _128>, Shape<_1, _1, _1>,
-                             sched::KernelTmaWarpSpecializedCooperativeFP8FastAccum,
-                             epi::TmaWarpSpecializedCooperative, cutlass::gemm::StreamKScheduler, true, S>;
+using CoopSwapS = WithStages<CfgDecodeSwap<TN>, S>;
+template <int TN, int S>
+using CoopSwapFastS = WithStages<CfgDecodeSwapCoopFast<TN, 1>, S>;
 
 struct Row {
   const char* name;
@@ -87,17 +83,17 @@ int bench_main(int argc, char** argv) {
       {"lib swap_64x64 pingpong 2lvl", Sm90Fp8Gemm<E4, E4, BF, CfgDecodeSwapPp<64>>::entry("p64"), 1, 1},
       {"lib swap_64x32 pingpong 2lvl", Sm90Fp8Gemm<E4, E4, BF, CfgDecodeSwapPp<32>>::entry("p32"), 1, 1},
       {"lib swap_64x16 pingpong 2lvl", Sm90Fp8Gemm<E4, E4, BF, CfgDecodeSwapPp<16>>::entry("p16"), 1, 1},
-      {"ws 64x16 s6 (non-persistent)", Sm90Fp8Gemm<E4, E4, BF, WsSwap<64, 16, 6>>::entry("w16a"), 1, 1},
-      {"ws 64x16 s10 (non-persistent)", Sm90Fp8Gemm<E4, E4, BF, WsSwap<64, 16, 10>>::entry("w16b"), 1, 1},
-      {"ws 64x16 auto (non-persistent)", Sm90Fp8Gemm<E4, E4, BF, WsSwap<64, 16, 0>>::entry("w16c"), 1, 1},
-      {"ws 64x32 s6 (non-persistent)", Sm90Fp8Gemm<E4, E4, BF, WsSwap<64, 32, 6>>::entry("w32a"), 1, 1},
-      {"ws 64x64 s8 (non-persistent)", Sm90Fp8Gemm<E4, E4, BF, WsSwap<64, 64, 8>>::entry("w64b"), 1, 1},
-      {"ws 64x64 auto (non-persistent)", Sm90Fp8Gemm<E4, E4, BF, WsSwap<64, 64, 0>>::entry("w64c"), 1, 1},
+      {"ws 64x16 s6 (non-persistent)", Sm90Fp8Gemm<E4, E4, BF, CfgDecodeSwapWs<16, 6>>::entry("w16a"), 1, 1},
+      {"ws 64x16 s10 (non-persistent)", Sm90Fp8Gemm<E4, E4, BF, CfgDecodeSwapWs<16, 10>>::entry("w16b"), 1, 1},
+      {"ws 64x16 auto (non-persistent)", Sm90Fp8Gemm<E4, E4, BF, CfgDecodeSwapWs<16, 0>>::entry("w16c"), 1, 1},
+      {"ws 64x32 s6 (non-persistent)", Sm90Fp8Gemm<E4, E4, BF, CfgDecodeSwapWs<32, 6>>::entry("w32a"), 1, 1},
+      {"ws 64x64 s8 (non-persistent)", Sm90Fp8Gemm<E4, E4, BF, CfgDecodeSwapWs<64, 8>>::entry("w64b"), 1, 1},
+      {"ws 64x64 auto (non-persistent)", Sm90Fp8Gemm<E4, E4, BF, CfgDecodeSwapWs<64, 0>>::entry("w64c"), 1, 1},
       {"pp 64x64 s6 (persistent)", Sm90Fp8Gemm<E4, E4, BF, PpSwap<64, 6>>::entry("pp6"), 1, 1},
-      {"ws 64x64 s3 (non-persistent)", Sm90Fp8Gemm<E4, E4, BF, WsSwap<64, 64, 3>>::entry("c3"), 1, 1},
-      {"ws 64x64 s4 (non-persistent)", Sm90Fp8Gemm<E4, E4, BF, WsSwap<64, 64, 4>>::entry("c"), 1, 1},
-      {"ws 64x64 s6 (non-persistent)", Sm90Fp8Gemm<E4, E4, BF, WsSwap<64, 64, 6>>::entry("d"), 1, 1},
-      {"ws 128x64 s4 (non-persistent)", Sm90Fp8Gemm<E4, E4, BF, WsSwap<128, 64, 4>>::entry("e"), 1, 1},
+      {"ws 64x64 s3 (non-persistent)", Sm90Fp8Gemm<E4, E4, BF, CfgDecodeSwapWs<64, 3>>::entry("c3"), 1, 1},
+      {"ws 64x64 s4 (non-persistent)", Sm90Fp8Gemm<E4, E4, BF, CfgDecodeSwapWs<64, 4>>::entry("c"), 1, 1},
+      {"ws 64x64 s6 (non-persistent)", Sm90Fp8Gemm<E4, E4, BF, CfgDecodeSwapWs<64, 6>>::entry("d"), 1, 1},
+      {"ws 128x64 s4 (non-persistent)", Sm90Fp8Gemm<E4, E4, BF, Ws128Swap<64, 4>>::entry("e"), 1, 1},
       {"pp 64x64 s4 sm x2", Sm90Fp8Gemm<E4, E4, BF, PpSwap<64, 4>>::entry("f"), 2, 1},
       {"pp 64x64 s4 sm x3", Sm90Fp8Gemm<E4, E4, BF, PpSwap<64, 4>>::entry("f"), 3, 1},
       {"coop 128x64 s4 dp sm x2", Sm90Fp8Gemm<E4, E4, BF, CoopSwapS<64, 4>>::entry("g"), 2, 1},

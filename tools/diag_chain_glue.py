@@ -16,11 +16,11 @@ import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
-from bench_fp8 import ours_gemm, warm_gpu, xla_fp8_gemm  # noqa: E402
+from bench_fp8 import CHAIN, _n_distinct, ours_gemm, warm_gpu, xla_fp8_gemm  # noqa: E402
 from sweep import time_fn  # noqa: E402
 
 F8 = jnp.float8_e4m3fn
-STEPS = 32
+STEPS = CHAIN  # 32, the benchmark's chain length
 
 
 def main():
@@ -28,11 +28,9 @@ def main():
   shapes = [tuple(int(v) for v in s.split("x")) for s in spec.split(",")]
   warm_gpu(2.0)
   s = jnp.float32(1 / 64)
+  gen = jax.jit(lambda kk, shape: (jax.random.normal(kk, shape) * 2).astype(F8), static_argnums=1)
   for m, n, k in shapes:
-    d = STEPS
-    while d > 1 and d * n * k > 3 << 30:
-      d //= 2
-    gen = jax.jit(lambda kk, shape: (jax.random.normal(kk, shape) * 2).astype(F8), static_argnums=1)
+    d = _n_distinct(n, k, 3 << 30)
     ws = [gen(jax.random.PRNGKey(100 + i), (n, k)) for i in range(d)]
     xs = [gen(jax.random.PRNGKey(i), (m, k)) for i in range(STEPS)]
     for name, gemm in (("ours", ours_gemm), ("xla_fp8", xla_fp8_gemm)):
