@@ -46,8 +46,10 @@ namespace epi = cutlass::epilogue;
 
 // Stages_ = 0: CUTLASS's automatic count (as many mainloop stages as shared memory holds after
 // the epilogue's carve-out); > 0: exactly that many (the stage sweep's kernels).
+// MinBlocks_ > 1: the kernel is compiled for that many resident CTAs per SM
+// (__launch_bounds__ min blocks: the register budget per thread shrinks to fit); 1 = CUTLASS's.
 template <class Tile_, class Cluster_, class Kernel_, class Epi_, class Scheduler_, bool kSwap_,
-          int Stages_ = 0>
+          int Stages_ = 0, int MinBlocks_ = 1>
 struct Config {
   using Tile = Tile_;
   using Cluster = Cluster_;
@@ -57,12 +59,26 @@ struct Config {
   static constexpr bool kSwap = kSwap_;
   static constexpr bool kStreamK = std::is_same_v<Scheduler_, cutlass::gemm::StreamKScheduler>;
   static constexpr int kStages = Stages_;
+  static constexpr int kMinBlocks = MinBlocks_;
 };
 
 // A config with an explicit mainloop stage count.
 template <class Cfg, int S>
 using WithStages = Config<typename Cfg::Tile, typename Cfg::Cluster, typename Cfg::KernelSchedule,
-                          typename Cfg::EpilogueSchedule, typename Cfg::TileScheduler, Cfg::kSwap, S>;
+                          typename Cfg::EpilogueSchedule, typename Cfg::TileScheduler, Cfg::kSwap, S,
+                          Cfg::kMinBlocks>;
+// A config compiled for B resident CTAs per SM.
+template <class Cfg, int B>
+using WithMinBlocks = Config<typename Cfg::Tile, typename Cfg::Cluster, typename Cfg::KernelSchedule,
+                             typename Cfg::EpilogueSchedule, typename Cfg::TileScheduler, Cfg::kSwap,
+                             Cfg::kStages, B>;
+
+// A CUTLASS kernel with another min-blocks launch bound (cutlass::device_kernel reads
+// Operator::MinBlocksPerMultiprocessor); everything else is the base kernel's.
+template <class Base, int B>
+struct WithLaunchMinBlocks : Base {
+  static constexpr uint32_t MinBlocksPerMultiprocessor = B;
+};
 
 // Large tiles. Two-level (promoting) accumulation keeps a second fp32 accumulator per thread,
 // so its tiles give each consumer warpgroup at most 64x192 outputs (128x256 cooperative and
@@ -181,9 +197,10 @@ struct Sm90Fp8Gemm {
                              sizeof(typename CollectiveEpilogue::SharedStorage))>>,
       typename Cfg::KernelSchedule>::CollectiveOp;
 
-  using GemmKernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop,
-                                                          CollectiveEpilogue, typename Cfg::TileScheduler>;
-  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
+  using BaseKernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop,
+                                                           CollectiveEpilogue, typename Cfg::TileScheduler>;
+  using GemmKernel = std::conditional_t<(Cfg::kMinBlocks > 1),
+                                        WithLaunchMinBlocks<BaseKernel, Cfg::kMinBlocks>, BaseKernel>;
   using Arguments = typename GemmKernel::Arguments;
 
   static Arguments make_arguments(const GemmArgs& g) {

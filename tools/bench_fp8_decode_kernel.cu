@@ -44,12 +44,36 @@ using CoopSwapS = WithStages<CfgDecodeSwap<TN>, S>;
 template <int TN, int S>
 using CoopSwapFastS = WithStages<CfgDecodeSwapCoopFast<TN, 1>, S>;
 
+// Candidates compiled for several resident CTAs per SM (WithMinBlocks: the register budget per
+// thread shrinks so that B CTAs fit; XLA's Triton GEMM at M = 64, N = 28672 keeps all 448 of
+// its CTAs resident, 4 per SM).
+template <int TN, int S, int B>
+using WsMb = WithMinBlocks<CfgDecodeSwapWs<TN, S>, B>;
+template <int TN, int S, int B>
+using WsFastMb = Config<Shape<_64, Int<TN>, _128>, Shape<_1, _1, _1>,
+                        sched::KernelTmaWarpSpecializedFP8FastAccum, epi::TmaWarpSpecialized, void, true, S, B>;
+
 struct Row {
   const char* name;
   KernelEntry e;
   int sm_mult;  // sm_count = 132 * sm_mult (persistent schedulers launch that many CTAs)
   int splits;
+  int regs = 0, local = 0, occ = 0;  // registers / local (spill) bytes per thread, CTAs per SM
 };
+
+// A row with the kernel's resource usage (cudaFuncGetAttributes) and occupancy.
+template <class Cfg>
+Row row(const char* name, int sm_mult, int splits) {
+  using G = Sm90Fp8Gemm<E4, E4, BF, Cfg>;
+  Row r{name, G::entry(name), sm_mult, splits};
+  const void* fn = reinterpret_cast<const void*>(&cutlass::device_kernel<typename G::GemmKernel>);
+  CHECK(r.e.prepare());
+  cudaFuncAttributes at;
+  CHECK(cudaFuncGetAttributes(&at, fn));
+  r.regs = at.numRegs, r.local = static_cast<int>(at.localSizeBytes);
+  CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&r.occ, fn, r.e.threads, r.e.smem_bytes));
+  return r;
+}
 
 __global__ void fill_fp8(uint8_t* p, size_t n, uint32_t seed) {
   for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
@@ -78,28 +102,40 @@ int bench_main(int argc, char** argv) {
   int sms = 0;
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   std::vector<Row> rows = {
-      {"lib swap_128x64 c2x1 coop streamk 2lvl (pick)", Sm90Fp8Gemm<E4, E4, BF, CfgDecodeSwapC2<64>>::entry("a"), 1, 0},
-      {"lib swap_128x64 c2x1 coop streamk fast", Sm90Fp8Gemm<E4, E4, BF, CfgDecodeSwapCoopFast<64, 2>>::entry("b"), 1, 0},
-      {"lib swap_64x64 pingpong 2lvl", Sm90Fp8Gemm<E4, E4, BF, CfgDecodeSwapPp<64>>::entry("p64"), 1, 1},
-      {"lib swap_64x32 pingpong 2lvl", Sm90Fp8Gemm<E4, E4, BF, CfgDecodeSwapPp<32>>::entry("p32"), 1, 1},
-      {"lib swap_64x16 pingpong 2lvl", Sm90Fp8Gemm<E4, E4, BF, CfgDecodeSwapPp<16>>::entry("p16"), 1, 1},
-      {"ws 64x16 s6 (non-persistent)", Sm90Fp8Gemm<E4, E4, BF, CfgDecodeSwapWs<16, 6>>::entry("w16a"), 1, 1},
-      {"ws 64x16 s10 (non-persistent)", Sm90Fp8Gemm<E4, E4, BF, CfgDecodeSwapWs<16, 10>>::entry("w16b"), 1, 1},
-      {"ws 64x16 auto (non-persistent)", Sm90Fp8Gemm<E4, E4, BF, CfgDecodeSwapWs<16, 0>>::entry("w16c"), 1, 1},
-      {"ws 64x32 s6 (non-persistent)", Sm90Fp8Gemm<E4, E4, BF, CfgDecodeSwapWs<32, 6>>::entry("w32a"), 1, 1},
-      {"ws 64x64 s8 (non-persistent)", Sm90Fp8Gemm<E4, E4, BF, CfgDecodeSwapWs<64, 8>>::entry("w64b"), 1, 1},
-      {"ws 64x64 auto (non-persistent)", Sm90Fp8Gemm<E4, E4, BF, CfgDecodeSwapWs<64, 0>>::entry("w64c"), 1, 1},
-      {"pp 64x64 s6 (persistent)", Sm90Fp8Gemm<E4, E4, BF, PpSwap<64, 6>>::entry("pp6"), 1, 1},
-      {"ws 64x64 s3 (non-persistent)", Sm90Fp8Gemm<E4, E4, BF, CfgDecodeSwapWs<64, 3>>::entry("c3"), 1, 1},
-      {"ws 64x64 s4 (non-persistent)", Sm90Fp8Gemm<E4, E4, BF, CfgDecodeSwapWs<64, 4>>::entry("c"), 1, 1},
-      {"ws 64x64 s6 (non-persistent)", Sm90Fp8Gemm<E4, E4, BF, CfgDecodeSwapWs<64, 6>>::entry("d"), 1, 1},
-      {"ws 128x64 s4 (non-persistent)", Sm90Fp8Gemm<E4, E4, BF, Ws128Swap<64, 4>>::entry("e"), 1, 1},
-      {"pp 64x64 s4 sm x2", Sm90Fp8Gemm<E4, E4, BF, PpSwap<64, 4>>::entry("f"), 2, 1},
-      {"pp 64x64 s4 sm x3", Sm90Fp8Gemm<E4, E4, BF, PpSwap<64, 4>>::entry("f"), 3, 1},
-      {"coop 128x64 s4 dp sm x2", Sm90Fp8Gemm<E4, E4, BF, CoopSwapS<64, 4>>::entry("g"), 2, 1},
-      {"coop 128x64 s4 streamk sm x2", Sm90Fp8Gemm<E4, E4, BF, CoopSwapS<64, 4>>::entry("g"), 2, 0},
-      {"coop 128x64 s5 dp sm x2", Sm90Fp8Gemm<E4, E4, BF, CoopSwapS<64, 5>>::entry("h"), 2, 1},
-      {"coop fast 128x64 s4 dp sm x2", Sm90Fp8Gemm<E4, E4, BF, CoopSwapFastS<64, 4>>::entry("i"), 2, 1},
+      row<CfgDecodeSwapC2<64>>("lib swap_128x64 c2x1 coop streamk 2lvl (pick)", 1, 0),
+      row<CfgDecodeSwapCoopFast<64, 2>>("lib swap_128x64 c2x1 coop streamk fast", 1, 0),
+      row<CfgDecodeSwapPp<64>>("lib swap_64x64 pingpong 2lvl", 1, 1),
+      row<CfgDecodeSwap<32>>("lib swap_128x32 coop streamk 2lvl", 1, 0),
+      row<CfgDecodeSwapCoopFast<32, 1>>("lib swap_128x32 coop streamk fast", 1, 0),
+      row<CfgDecodeSwapWs<32, 4>>("ws 64x32 s4", 1, 1),
+      row<CfgDecodeSwapWs<32, 8>>("ws 64x32 s8", 1, 1),
+      row<CfgDecodeSwap<16>>("lib swap_128x16 coop streamk 2lvl", 1, 0),
+      row<CfgDecodeSwapCoopFast<16, 1>>("lib swap_128x16 coop streamk fast", 1, 0),
+      row<CfgDecodeSwapWs<16, 4>>("ws 64x16 s4", 1, 1),
+      row<CfgDecodeSwapWs<16, 6>>("ws 64x16 s6", 1, 1),
+      row<CfgDecodeSwapWs<16, 8>>("ws 64x16 s8", 1, 1),
+      row<WsFastMb<16, 6, 1>>("ws fast 64x16 s6", 1, 1),
+      row<WsFastMb<16, 10, 1>>("ws fast 64x16 s10", 1, 1),
+      row<CfgDecodeSwapPp<32>>("lib swap_64x32 pingpong 2lvl", 1, 1),
+      row<CfgDecodeSwapPp<16>>("lib swap_64x16 pingpong 2lvl", 1, 1),
+      row<CfgDecodeSwapWs<16, 10>>("ws 64x16 s10 (non-persistent)", 1, 1),
+      row<CfgDecodeSwapWs<32, 6>>("ws 64x32 s6 (non-persistent)", 1, 1),
+      row<CfgDecodeSwapWs<64, 8>>("ws 64x64 s8 (non-persistent)", 1, 1),
+      row<CfgDecodeSwapWs<64, 0>>("ws 64x64 auto (non-persistent)", 1, 1),
+      row<PpSwap<64, 6>>("pp 64x64 s6 (persistent)", 1, 1),
+      row<CfgDecodeSwapWs<64, 4>>("ws 64x64 s4 (non-persistent)", 1, 1),
+      row<CfgDecodeSwapWs<64, 6>>("ws 64x64 s6 (non-persistent)", 1, 1),
+      row<Ws128Swap<64, 4>>("ws 128x64 s4 (non-persistent)", 1, 1),
+      row<CoopSwapS<64, 5>>("coop 128x64 s5 dp sm x2", 2, 1),
+      row<WsMb<64, 6, 2>>("ws 64x64 s6 2/SM", 1, 1),
+      row<WsMb<64, 5, 2>>("ws 64x64 s5 2/SM", 1, 1),
+      row<WsMb<64, 4, 3>>("ws 64x64 s4 3/SM", 1, 1),
+      row<WsMb<64, 3, 3>>("ws 64x64 s3 3/SM", 1, 1),
+      row<WsMb<64, 3, 4>>("ws 64x64 s3 4/SM", 1, 1),
+      row<WsFastMb<64, 6, 2>>("ws fast 64x64 s6 2/SM", 1, 1),
+      row<WsFastMb<64, 4, 3>>("ws fast 64x64 s4 3/SM", 1, 1),
+      row<WsFastMb<64, 3, 4>>("ws fast 64x64 s3 4/SM", 1, 1),
+      row<WsFastMb<64, 3, 1>>("ws fast 64x64 s3", 1, 1),
   };
   constexpr int kW = 16, kCalls = 32;
   uint8_t *a, *w;
@@ -133,7 +169,6 @@ int bench_main(int argc, char** argv) {
       std::printf("%-48s can_implement: %s\n", row.name, why);
       continue;
     }
-    CHECK(row.e.prepare());
     size_t ws_bytes = row.e.workspace_size(g);
     void* ws = nullptr;
     if (ws_bytes) CHECK(cudaMalloc(&ws, ws_bytes));
@@ -165,8 +200,9 @@ int bench_main(int argc, char** argv) {
       CHECK(cudaMemcpyAsync(&md, diff, 4, cudaMemcpyDeviceToHost, st));
     }
     CHECK(cudaStreamSynchronize(st));
-    std::printf("%-48s %8.2f us  (%.0f GB/s of weights)  smem %d B  maxdiff %g\n", row.name, t[t.size() / 2],
-                double(n) * k / (t[t.size() / 2] * 1e3), row.e.smem_bytes, md);
+    std::printf("%-48s %8.2f us  (%.0f GB/s of weights)  smem %d B  regs %d  local %d B  %d CTA/SM  maxdiff %g\n",
+                row.name, t[t.size() / 2], double(n) * k / (t[t.size() / 2] * 1e3), row.e.smem_bytes, row.regs,
+                row.local, row.occ, md);
     if (ws) CHECK(cudaFree(ws));
   }
   return 0;
