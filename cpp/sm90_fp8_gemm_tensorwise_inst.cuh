@@ -40,6 +40,7 @@ inline int tensorwise_decode_entries(KernelEntry* out) {
   out[i++] = Sm90Fp8Gemm<kA, kB, kD, CfgDecodeSwapPp<64>>::entry("swap_64x64x128_pingpong_2lvl");
   out[i++] = Sm90Fp8Gemm<kA, kB, kD, CfgDecodeSwapC2<64>>::entry("swap_128x64x128_c2x1_coop_streamk_2lvl");
   out[i++] = Sm90Fp8Gemm<kA, kB, kD, CfgDecodeSwapWs<16, 10>>::entry("swap_64x16x128_ws_s10_2lvl");
+  out[i++] = Sm90Fp8Gemm<kA, kB, kD, CfgDecodeSwapWs<16, 4>>::entry("swap_64x16x128_ws_s4_2lvl");
   out[i++] = Sm90Fp8Gemm<kA, kB, kD, CfgDecodeSwapWs<64, 8>>::entry("swap_64x64x128_ws_s8_2lvl");
   out[i++] = Sm90Fp8Gemm<kA, kB, kD, CfgDecodeSwapCoopFast<16, 1>>::entry("swap_128x16x128_coop_streamk_fast");
   out[i++] = Sm90Fp8Gemm<kA, kB, kD, CfgDecodeSwapCoopFast<32, 1>>::entry("swap_128x32x128_coop_streamk_fast");

@@ -56,6 +56,11 @@ _ALL = [
     # half a wave or less (N <= 64 x SMs / 2), where it measured slower in the chain.
     KernelConfig("swap_64x16x128_ws_s10_2lvl", (64, 16, 128), (1, 1), "warp-specialized", True, False, "2lvl",
                  stages=10),
+    # The 16-token tile with 4 stages (41 KB of shared memory: 5 CTAs per SM instead of 2), for
+    # more weight rows than SMs over a short K (<= WS_SHALLOW_MAX_K): kernel alone, session 24,
+    # M = 1, N = 24576, K = 1536 12.7 vs 14.7 us (10 stages) vs 17.5 (128-row stream-K).
+    KernelConfig("swap_64x16x128_ws_s4_2lvl", (64, 16, 128), (1, 1), "warp-specialized", True, False, "2lvl",
+                 stages=4),
     KernelConfig("swap_64x64x128_ws_s8_2lvl", (64, 64, 128), (1, 1), "warp-specialized", True, False, "2lvl",
                  stages=8),
     # M = 33..64 with many weight rows: the activation tile is shared by a 2x1 cluster (TMA
@@ -203,6 +208,18 @@ MIN_USEFUL_FRACTION = 0.85
 #: (64 tiles on 132 SMs) the unsplit ping-pong tile is 1.31x faster than the 4-way split at
 #: M = 1, K = 4096, and 1.14x at K = 14336.
 SPLIT_BELOW_SM_FRACTION = 3
+#: The 16-token decode tile over more 64-row weight tiles than SMs takes the 4-stage kernel
+#: (5 CTAs per SM) up to this K, the 10-stage one (2 per SM) above it. Kernel alone, session 24
+#: (benchmarks/results/2026-12-02-h200/session24/), M = 1, us, 4 / 10 stages: N x K =
+#: 24576 x 1536 12.7 / 14.7, 28672 x 2048 18.6 / 20.1, 16384 x 4096 20.6 / 20.1,
+#: 28672 x 8192 59.7 / 60.0.
+WS_SHALLOW_MAX_K = 2048
+#: 32 / 64 tokens over more 64-row weight tiles than SMs take the persistent ping-pong 64-row
+#: tile up to this K, the 128-row stream-K tiles above it. Decode chains, session 24, us per
+#: GEMM, ping-pong vs stream-K: N x K = 24576 x 1536, M = 32 16.0 vs 21.2, M = 64 16.0 vs 22.2;
+#: 28672 x 2048, M = 32 22.6 vs 22.9, M = 64 24.1 vs 23.5 (XLA's Triton GEMM: 12.9 / 13.5 and
+#: 18.6 / 20.0 -- faster than both).
+PINGPONG_MANY_ROWS_MAX_K = 1536
 #: CUTLASS's stream-K heuristic decomposition (passed as splits=0 to the kernel).
 STREAM_K_HEURISTIC = 0
 # Candidates in order of preference (measured per-tile speed on an H200, benchmarks/sweep.py,
@@ -212,7 +229,8 @@ _LARGE_FAST = ("128x256x128_c2x1_coop_fast", "128x192x128_c2x1_coop_fast",
                "128x128x128_c1x2_pingpong_fast")
 
 
-#: Decode tile per token tile width when the weight rows make at most one wave of 64-row tiles.
+#: Decode tile per token tile width when the weight rows make at most one wave of 64-row tiles
+#: (the 16-token one also above a wave: see select_config).
 _ONE_WAVE_DECODE = {16: "swap_64x16x128_ws_s10_2lvl", 32: "swap_64x32x128_pingpong_2lvl",
                     64: "swap_64x64x128_ws_s8_2lvl"}
 
@@ -229,9 +247,13 @@ def select_config(problem: GemmProblem, sm_count: int, *, fast_accum: bool = Fal
   the 64-row one-wave tiles and the 64-token split-K decode tiles exist with two-level accumulation only,
   which fast_accum=True then runs (more precise, never less). 64-row tiles (no workspace;
   warp-specialized one CTA per tile for 16 tokens and for 64 over more than half a wave,
-  ping-pong otherwise) when the weight rows make at most one wave of them; more weight rows: 128-row
-  cooperative tiles with CUTLASS's stream-K decomposition (measured at N = 28672: 5-11% faster
-  than 3.4 waves of 64-row tiles), as 2x1 clusters for 64-token tiles (M = 33..64); fewer than a third of the SMs' worth of 64-row tiles
+  ping-pong otherwise) when the weight rows make at most one wave of them; more weight rows: for
+  16 tokens still the warp-specialized 64-row tile (4 stages, 5 CTAs per SM, when K <=
+  WS_SHALLOW_MAX_K; session 24: 1.03-1.47x the stream-K tile in the decode chains), for 32 / 64
+  tokens the persistent ping-pong 64-row tile when K <= PINGPONG_MANY_ROWS_MAX_K, else 128-row
+  cooperative tiles with CUTLASS's stream-K decomposition (measured at N = 28672, K = 8192:
+  5-11% faster than 3.4 waves of ping-pong 64-row tiles), as 2x1 clusters for 64-token tiles
+  (M = 33..64); fewer than a third of the SMs' worth of 64-row tiles
   (SPLIT_BELOW_SM_FRACTION): 128-row tiles with K split until the weight stream covers the SMs. Otherwise: the first large tile of the
   requested accumulation mode (128x192 then 128x128 for two-level; 128x256, 128x192, 128x128
   ping-pong for fast) whose grid has a useful fraction >= MIN_USEFUL_FRACTION, else stream-K.
@@ -255,7 +277,14 @@ def select_config(problem: GemmProblem, sm_count: int, *, fast_accum: bool = Fal
         # twice 1.04-1.21x faster than the warp-specialized tile; session 23).
         cfg = CONFIGS["swap_64x64x128_pingpong_2lvl"]
       tiles = num_tiles(problem, cfg)
-      if tiles > sm_count:
+      if tn == 16 and tiles > sm_count and problem.k <= WS_SHALLOW_MAX_K:
+        # Short K over many weight rows: the 4-stage tile keeps 5 CTAs per SM streaming.
+        cfg = CONFIGS["swap_64x16x128_ws_s4_2lvl"]
+      if tiles > sm_count and tn > 16 and problem.k <= PINGPONG_MANY_ROWS_MAX_K:
+        # Short K over many weight rows, 32 / 64 tokens: the persistent ping-pong 64-row tile
+        # (stream-K's fixup costs more than it balances over so few K blocks).
+        cfg = CONFIGS[f"swap_64x{tn}x128_pingpong_2lvl"]
+      elif tiles > sm_count and tn > 16:
         # 64-token tiles: a 2x1 cluster shares the activation tile by TMA multicast. Measured
         # (session6/sweep_decode): N = 28672, K = 8192: M = 48 65.9 vs 71.6 us, M = 64 66.3 vs
         # 66.5 us against the single-CTA 128x64 stream-K kernel.

@@ -42,21 +42,48 @@ def test_decode_unsplit_one_wave_at_llama_widths():
 
 
 def test_decode_many_weight_rows_streams_with_stream_k():
-  # N = 28672: more 64-row tiles than SMs -> 128-row stream-K tiles; 64-token tiles (M = 33..64)
-  # as 2x1 clusters sharing the activation tile.
-  for m, want in ((1, "swap_128x16x128_coop_streamk_2lvl"), (16, "swap_128x16x128_coop_streamk_2lvl"),
-                  (32, "swap_128x32x128_coop_streamk_2lvl"),
+  # N = 28672: more 64-row tiles than SMs -> 128-row stream-K tiles for 32 / 64 tokens; 64-token
+  # tiles (M = 33..64) as 2x1 clusters sharing the activation tile.
+  for m, want in ((32, "swap_128x32x128_coop_streamk_2lvl"),
                   (48, "swap_128x64x128_c2x1_coop_streamk_2lvl"),
                   (64, "swap_128x64x128_c2x1_coop_streamk_2lvl")):
     cfg, s = configs.select_config(prob(m, 28672, 8192), 132)
     assert (cfg.name, s) == (want, configs.STREAM_K_HEURISTIC), (m, cfg.name, s)
 
 
+def test_decode_short_k_many_weight_rows_takes_ping_pong():
+  # 32 / 64 tokens, more 64-row tiles than SMs, K <= PINGPONG_MANY_ROWS_MAX_K: the persistent
+  # ping-pong 64-row tile, unsplit (session 24: 1.3x stream-K at 24576 x 1536); above it stream-K.
+  kmax = configs.PINGPONG_MANY_ROWS_MAX_K
+  for m, tn in ((17, 32), (32, 32), (33, 64), (64, 64)):
+    for fast in (False, True):  # no fast twin: fast_accum runs the two-level kernel
+      for n, k in ((24576, 1536), (28672, kmax), (24576, 512)):
+        cfg, s = configs.select_config(prob(m, n, k), 132, fast_accum=fast)
+        assert (cfg.name, s) == (f"swap_64x{tn}x128_pingpong_2lvl", 1), (m, n, k, fast, cfg.name, s)
+      cfg, s = configs.select_config(prob(m, 28672, kmax + 128), 132, fast_accum=fast)
+      assert cfg.stream_k and s == configs.STREAM_K_HEURISTIC, (m, fast, cfg.name, s)
+
+
+def test_decode_16_tokens_many_weight_rows_stays_warp_specialized():
+  # 16 tokens over more 64-row tiles than SMs: one warp-specialized CTA per 64-row tile, no
+  # stream-K (session 24, chains: 1.03-1.05x at N = 28672 / 16384, 1.25x at 24576 x 1536);
+  # the 4-stage kernel (5 CTAs per SM) up to K = WS_SHALLOW_MAX_K, the 10-stage one above.
+  for n, k, want in ((28672, 8192, "swap_64x16x128_ws_s10_2lvl"), (16384, 4096, "swap_64x16x128_ws_s10_2lvl"),
+                     (57344, 8192, "swap_64x16x128_ws_s10_2lvl"), (24576, 1536, "swap_64x16x128_ws_s4_2lvl"),
+                     (28672, configs.WS_SHALLOW_MAX_K, "swap_64x16x128_ws_s4_2lvl"),
+                     (28672, configs.WS_SHALLOW_MAX_K + 128, "swap_64x16x128_ws_s10_2lvl")):
+    for m in (1, 16):
+      for fast in (False, True):  # no fast twin: fast_accum runs the two-level kernel
+        cfg, s = configs.select_config(prob(m, n, k), 132, fast_accum=fast)
+        assert (cfg.name, s, cfg.stream_k) == (want, 1, False), (m, n, k, fast, cfg.name, s)
+  # One wave or less of 64-row tiles keeps the 10-stage tile even for a short K.
+  assert configs.select_config(prob(1, 8192, 1536), 132)[0].name == "swap_64x16x128_ws_s10_2lvl"
+
+
 def test_fast_accum_decode_takes_the_fast_twin():
   # Stream-K decode tiles have fast-accumulation twins; 64-row ping-pong tiles and the 64-token
   # split-K tile do not, and fast_accum then runs the two-level kernel.
-  for m, want in ((1, "swap_128x16x128_coop_streamk_fast"), (32, "swap_128x32x128_coop_streamk_fast"),
-                  (64, "swap_128x64x128_c2x1_coop_streamk_fast")):
+  for m, want in ((32, "swap_128x32x128_coop_streamk_fast"), (64, "swap_128x64x128_c2x1_coop_streamk_fast")):
     cfg, s = configs.select_config(prob(m, 28672, 8192), 132, fast_accum=True)
     assert (cfg.name, s, cfg.accum) == (want, configs.STREAM_K_HEURISTIC, "fast"), (m, cfg.name, s)
   assert configs.select_config(prob(1, 8192, 8192), 132, fast_accum=True)[0].name == "swap_64x16x128_ws_s10_2lvl"
@@ -94,7 +121,9 @@ def test_table_printable():
   text = configs.configs_table(include_sweep=True)
   for name in configs.CONFIGS:
     assert name in text
-  assert "_s4" not in configs.configs_table()
+  default = configs.configs_table()
+  sweep = [c.name for c in configs.CONFIGS.values() if c.sweep]
+  assert sweep and not any(name in default for name in sweep)
 
 
 def test_kernel_table_matches_python_configs():
