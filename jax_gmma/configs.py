@@ -277,14 +277,15 @@ def select_config(problem: GemmProblem, sm_count: int, *, fast_accum: bool = Fal
         # twice 1.04-1.21x faster than the warp-specialized tile; session 23).
         cfg = CONFIGS["swap_64x64x128_pingpong_2lvl"]
       tiles = num_tiles(problem, cfg)
-      if tn == 16 and tiles > sm_count and problem.k <= WS_SHALLOW_MAX_K:
-        # Short K over many weight rows: the 4-stage tile keeps 5 CTAs per SM streaming.
-        cfg = CONFIGS["swap_64x16x128_ws_s4_2lvl"]
-      if tiles > sm_count and tn > 16 and problem.k <= PINGPONG_MANY_ROWS_MAX_K:
-        # Short K over many weight rows, 32 / 64 tokens: the persistent ping-pong 64-row tile
-        # (stream-K's fixup costs more than it balances over so few K blocks).
+      if tiles > sm_count and tn == 16:
+        if problem.k <= WS_SHALLOW_MAX_K:
+          # Short K: the 4-stage tile keeps 5 CTAs per SM streaming.
+          cfg = CONFIGS["swap_64x16x128_ws_s4_2lvl"]
+      elif tiles > sm_count and problem.k <= PINGPONG_MANY_ROWS_MAX_K:
+        # Short K, 32 / 64 tokens: the persistent ping-pong 64-row tile (stream-K's fixup costs
+        # more than it balances over so few K blocks).
         cfg = CONFIGS[f"swap_64x{tn}x128_pingpong_2lvl"]
-      elif tiles > sm_count and tn > 16:
+      elif tiles > sm_count:
         # 64-token tiles: a 2x1 cluster shares the activation tile by TMA multicast. Measured
         # (session6/sweep_decode): N = 28672, K = 8192: M = 48 65.9 vs 71.6 us, M = 64 66.3 vs
         # 66.5 us against the single-CTA 128x64 stream-K kernel.
