@@ -138,6 +138,12 @@ using CfgDecodeSwapPp = Config<Shape<_64, Int<TN>, _128>, Shape<_1, _1, _1>,
 template <int TN, int S>
 using CfgDecodeSwapWs = Config<Shape<_64, Int<TN>, _128>, Shape<_1, _1, _1>,
                                sched::KernelTmaWarpSpecialized, epi::TmaWarpSpecialized, void, true, S>;
+// The same in a 2x1 cluster: the two CTAs of a cluster share the activation tile by TMA
+// multicast. With 4 stages (66 KB of shared memory, 3 CTAs per SM) it is the short-K 64-token
+// tile when the weight tiles fit in one wave of 3 per SM (configs.select_config).
+template <int TN, int S>
+using CfgDecodeSwapWsC2 = Config<Shape<_64, Int<TN>, _128>, Shape<_2, _1, _1>,
+                                 sched::KernelTmaWarpSpecialized, epi::TmaWarpSpecialized, void, true, S>;
 // Decode at M = 33..64 with many weight rows: the 64-token activation tile is re-read by every
 // weight tile (at N = 28672 about half as many bytes again as the weights, from L2); a 2x1
 // cluster's CTAs share it by TMA multicast. (256-row weight tiles, the other way to halve it,

@@ -8,7 +8,7 @@
 //   nvcc -std=c++17 -O3 -DNDEBUG --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a \
 //        -cudart static -Icpp/include -Icpp -I$C/include -I$C/tools/util/include \
 //        tools/bench_fp8_decode_kernel.cu -o prebuilt/fp8_decode_bench
-// Run (GPU): prebuilt/fp8_decode_bench [M N K [reps]]   (default 64 28672 8192)
+// Run (GPU): prebuilt/fp8_decode_bench [M N K [reps [words]]]   (default 64 28672 8192)
 //
 // e4m3 x e4m3 -> bf16, per-tensor scales, two-level accumulation unless the name says fast.
 // Each row: µs per GEMM, median of 9 repeats of 32 back-to-back launches over 16 distinct
@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include <cuda_runtime.h>
@@ -32,23 +33,19 @@ using namespace jax_gmma::sm90;
 constexpr DType E4 = DType::kF8E4M3;
 constexpr DType BF = DType::kBF16;
 
-// Candidates: the library's decode configs with explicit stage counts (WithStages), and a
-// 128-row tile on the non-persistent warp-specialized kernel of CfgDecodeSwapWs.
+// Candidates beside the library's configs (session 24 also timed 64x64 tiles compiled for 2-4
+// CTAs per SM through WithMinBlocks, benchmarks/results/2026-12-02-h200/session24/kernel_alone/).
 template <int TN, int S>
-using Ws128Swap = Config<Shape<_128, Int<TN>, _128>, Shape<_1, _1, _1>, sched::KernelTmaWarpSpecialized,
-                         epi::TmaWarpSpecialized, void, true, S>;
+using WsC2 = CfgDecodeSwapWsC2<TN, S>;
 template <int TN, int S>
-using PpSwap = WithStages<CfgDecodeSwapPp<TN>, S>;
-template <int TN, int S>
-using CoopSwapS = WithStages<CfgDecodeSwap<TN>, S>;
-template <int TN, int S>
-using CoopSwapFastS = WithStages<CfgDecodeSwapCoopFast<TN, 1>, S>;
-
-// Candidates compiled for several resident CTAs per SM (WithMinBlocks: the register budget per
-// thread shrinks so that B CTAs fit; XLA's Triton GEMM at M = 64, N = 28672 keeps all 448 of
-// its CTAs resident, 4 per SM).
-template <int TN, int S, int B>
-using WsMb = WithMinBlocks<CfgDecodeSwapWs<TN, S>, B>;
+using WsFastC2 = Config<Shape<_64, Int<TN>, _128>, Shape<_2, _1, _1>, sched::KernelTmaWarpSpecializedFP8FastAccum,
+                        epi::TmaWarpSpecialized, void, true, S>;
+// 256 weight rows per cooperative CTA with fast accumulation.
+template <int TN, int CX>
+using Coop256Fast = Config<Shape<_256, Int<TN>, _128>, Shape<Int<CX>, _1, _1>,
+                           sched::KernelTmaWarpSpecializedCooperativeFP8FastAccum,
+                           epi::TmaWarpSpecializedCooperative, cutlass::gemm::StreamKScheduler, true>;
+// The non-persistent 64-row tile with fast accumulation (B resident CTAs per SM).
 template <int TN, int S, int B>
 using WsFastMb = Config<Shape<_64, Int<TN>, _128>, Shape<_1, _1, _1>,
                         sched::KernelTmaWarpSpecializedFP8FastAccum, epi::TmaWarpSpecialized, void, true, S, B>;
@@ -105,38 +102,58 @@ int bench_main(int argc, char** argv) {
       row<CfgDecodeSwapC2<64>>("lib swap_128x64 c2x1 coop streamk 2lvl (pick)", 1, 0),
       row<CfgDecodeSwapCoopFast<64, 2>>("lib swap_128x64 c2x1 coop streamk fast", 1, 0),
       row<CfgDecodeSwapPp<64>>("lib swap_64x64 pingpong 2lvl", 1, 1),
-      row<CfgDecodeSwap<32>>("lib swap_128x32 coop streamk 2lvl", 1, 0),
-      row<CfgDecodeSwapCoopFast<32, 1>>("lib swap_128x32 coop streamk fast", 1, 0),
-      row<CfgDecodeSwapWs<32, 4>>("ws 64x32 s4", 1, 1),
-      row<CfgDecodeSwapWs<32, 8>>("ws 64x32 s8", 1, 1),
-      row<CfgDecodeSwap<16>>("lib swap_128x16 coop streamk 2lvl", 1, 0),
-      row<CfgDecodeSwapCoopFast<16, 1>>("lib swap_128x16 coop streamk fast", 1, 0),
-      row<CfgDecodeSwapWs<16, 4>>("ws 64x16 s4", 1, 1),
-      row<CfgDecodeSwapWs<16, 6>>("ws 64x16 s6", 1, 1),
-      row<CfgDecodeSwapWs<16, 8>>("ws 64x16 s8", 1, 1),
-      row<WsFastMb<16, 6, 1>>("ws fast 64x16 s6", 1, 1),
-      row<WsFastMb<16, 10, 1>>("ws fast 64x16 s10", 1, 1),
-      row<CfgDecodeSwapPp<32>>("lib swap_64x32 pingpong 2lvl", 1, 1),
-      row<CfgDecodeSwapPp<16>>("lib swap_64x16 pingpong 2lvl", 1, 1),
-      row<CfgDecodeSwapWs<16, 10>>("ws 64x16 s10 (non-persistent)", 1, 1),
-      row<CfgDecodeSwapWs<32, 6>>("ws 64x32 s6 (non-persistent)", 1, 1),
-      row<CfgDecodeSwapWs<64, 8>>("ws 64x64 s8 (non-persistent)", 1, 1),
-      row<CfgDecodeSwapWs<64, 0>>("ws 64x64 auto (non-persistent)", 1, 1),
-      row<PpSwap<64, 6>>("pp 64x64 s6 (persistent)", 1, 1),
-      row<CfgDecodeSwapWs<64, 4>>("ws 64x64 s4 (non-persistent)", 1, 1),
       row<CfgDecodeSwapWs<64, 6>>("ws 64x64 s6 (non-persistent)", 1, 1),
-      row<Ws128Swap<64, 4>>("ws 128x64 s4 (non-persistent)", 1, 1),
-      row<CoopSwapS<64, 5>>("coop 128x64 s5 dp sm x2", 2, 1),
-      row<WsMb<64, 6, 2>>("ws 64x64 s6 2/SM", 1, 1),
-      row<WsMb<64, 5, 2>>("ws 64x64 s5 2/SM", 1, 1),
-      row<WsMb<64, 4, 3>>("ws 64x64 s4 3/SM", 1, 1),
-      row<WsMb<64, 3, 3>>("ws 64x64 s3 3/SM", 1, 1),
-      row<WsMb<64, 3, 4>>("ws 64x64 s3 4/SM", 1, 1),
-      row<WsFastMb<64, 6, 2>>("ws fast 64x64 s6 2/SM", 1, 1),
-      row<WsFastMb<64, 4, 3>>("ws fast 64x64 s4 3/SM", 1, 1),
-      row<WsFastMb<64, 3, 4>>("ws fast 64x64 s3 4/SM", 1, 1),
       row<WsFastMb<64, 3, 1>>("ws fast 64x64 s3", 1, 1),
+      // cuBLASLt's shapes (session 24 ncu): 256x64 tiles in 4x1 clusters at M = 64 (one wave
+      // of 112 CTAs, activations multicast to 4 CTAs), 128x8 / 128x16 tiles in 2x1 clusters
+      // with 11-12 stages at M = 1 / 16.
+      row<CfgDecodeSwapCoop<256, 64, 4>>("coop 256x64 c4x1 streamk 2lvl", 1, 0),
+      row<CfgDecodeSwapCoop<256, 64, 4>>("coop 256x64 c4x1 dp 2lvl", 1, 1),
+      row<Coop256Fast<64, 4>>("coop 256x64 c4x1 dp fast", 1, 1),
+      row<CfgDecodeSwapCoop<256, 64, 2>>("coop 256x64 c2x1 dp 2lvl", 1, 1),
+      row<CfgDecodeSwapCoop<128, 64, 4>>("coop 128x64 c4x1 streamk 2lvl", 1, 0),
+      row<WsC2<64, 6>>("ws 64x64 c2x1 s6 (non-persistent)", 1, 1),
+      row<WsC2<64, 4>>("ws 64x64 c2x1 s4 (non-persistent)", 1, 1),
+      row<WsC2<64, 3>>("ws 64x64 c2x1 s3 (non-persistent)", 1, 1),
+      row<CfgDecodeSwapWs<64, 4>>("ws 64x64 s4 (non-persistent)", 1, 1),
+      row<CfgDecodeSwapWs<64, 3>>("ws 64x64 s3 (non-persistent)", 1, 1),
+      row<WsFastC2<64, 4>>("ws fast 64x64 c2x1 s4", 1, 1),
+      row<WsFastC2<64, 3>>("ws fast 64x64 c2x1 s3", 1, 1),
+      row<CfgDecodeSwapPp<32>>("lib swap_64x32 pingpong 2lvl", 1, 1),
+      row<WsC2<32, 4>>("ws 64x32 c2x1 s4 (non-persistent)", 1, 1),
+      row<WsC2<32, 6>>("ws 64x32 c2x1 s6 (non-persistent)", 1, 1),
+      row<CfgDecodeSwapWs<32, 4>>("ws 64x32 s4 (non-persistent)", 1, 1),
+      row<CfgDecodeSwapWs<16, 4>>("ws 64x16 s4", 1, 1),
+      row<CfgDecodeSwapWs<16, 8>>("ws 64x16 s8", 1, 1),
+      row<CfgDecodeSwapWs<16, 10>>("ws 64x16 s10 (non-persistent)", 1, 1),
+      row<WsFastMb<16, 10, 1>>("ws fast 64x16 s10", 1, 1),
+      row<CfgDecodeSwap<16>>("lib swap_128x16 coop streamk 2lvl", 1, 0),
+      row<CfgDecodeSwapCoop<128, 16, 2>>("coop 128x16 c2x1 streamk 2lvl", 1, 0),
+      row<CfgDecodeSwapCoop<128, 16, 2>>("coop 128x16 c2x1 dp 2lvl", 1, 1),
+      row<CfgDecodeSwapCoop<128, 8, 2>>("coop 128x8 c2x1 streamk 2lvl", 1, 0),
+      row<CfgDecodeSwapCoop<256, 16, 2>>("coop 256x16 c2x1 dp 2lvl", 1, 1),
+      row<WsC2<16, 8>>("ws 64x16 c2x1 s8 (non-persistent)", 1, 1),
   };
+  // Optional 5th argument: only rows whose name contains one of these comma-separated words
+  // (row 0 always runs: it is the output reference).
+  if (argc > 5) {
+    std::vector<Row> keep = {rows[0]};
+    std::string words = argv[5];
+    for (size_t r = 1; r < rows.size(); ++r) {
+      size_t p = 0;
+      while (p <= words.size()) {
+        size_t q = words.find(',', p);
+        if (q == std::string::npos) q = words.size();
+        std::string w = words.substr(p, q - p);
+        if (!w.empty() && std::string(rows[r].name).find(w) != std::string::npos) {
+          keep.push_back(rows[r]);
+          break;
+        }
+        p = q + 1;
+      }
+    }
+    rows = keep;
+  }
   constexpr int kW = 16, kCalls = 32;
   uint8_t *a, *w;
   uint16_t *d, *d0;
