@@ -42,6 +42,9 @@ inline int tensorwise_decode_entries(KernelEntry* out) {
   out[i++] = Sm90Fp8Gemm<kA, kB, kD, CfgDecodeSwapWs<16, 10>>::entry("swap_64x16x128_ws_s10_2lvl");
   out[i++] = Sm90Fp8Gemm<kA, kB, kD, CfgDecodeSwapWs<16, 4>>::entry("swap_64x16x128_ws_s4_2lvl");
   out[i++] = Sm90Fp8Gemm<kA, kB, kD, CfgDecodeSwapWs<64, 8>>::entry("swap_64x64x128_ws_s8_2lvl");
+  out[i++] = Sm90Fp8Gemm<kA, kB, kD, CfgDecodeSwapWs<64, 6>>::entry("swap_64x64x128_ws_s6_2lvl");
+  out[i++] = Sm90Fp8Gemm<kA, kB, kD, CfgDecodeSwapWsC2<64, 4>>::entry("swap_64x64x128_c2x1_ws_s4_2lvl");
+  out[i++] = Sm90Fp8Gemm<kA, kB, kD, CfgDecodeSwapWs<32, 4>>::entry("swap_64x32x128_ws_s4_2lvl");
   out[i++] = Sm90Fp8Gemm<kA, kB, kD, CfgDecodeSwapCoopFast<16, 1>>::entry("swap_128x16x128_coop_streamk_fast");
   out[i++] = Sm90Fp8Gemm<kA, kB, kD, CfgDecodeSwapCoopFast<32, 1>>::entry("swap_128x32x128_coop_streamk_fast");
   out[i++] = Sm90Fp8Gemm<kA, kB, kD, CfgDecodeSwapCoopFast<64, 2>>::entry("swap_128x64x128_c2x1_coop_streamk_fast");

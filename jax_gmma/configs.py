@@ -63,6 +63,19 @@ _ALL = [
                  stages=4),
     KernelConfig("swap_64x64x128_ws_s8_2lvl", (64, 64, 128), (1, 1), "warp-specialized", True, False, "2lvl",
                  stages=8),
+    # More weight rows than SMs over a short K (<= WS_SHALLOW_MAX_K), 17..64 tokens: non-persistent
+    # warp-specialized 64-row tiles with few stages, several CTAs per SM (32 tokens: 4 stages,
+    # 4 per SM; 64 tokens: 6 stages, 2 per SM, or 4 stages in a 2x1 cluster, 3 per SM, whichever
+    # wave fits the tile count better). Kernel alone, session 25
+    # (benchmarks/results/2026-12-02-h200/session25/), us, vs the ping-pong tile picked before:
+    # M = 32, N x K = 24576 x 1536 13.0 vs 14.9, 32768 x 512 8.1 vs 10.2; M = 64: 24576 x 1536
+    # 13.9 vs 15.1 (cluster), 16384 x 1536 10.2 vs 11.4, 32768 x 512 10.2 vs 10.8.
+    KernelConfig("swap_64x32x128_ws_s4_2lvl", (64, 32, 128), (1, 1), "warp-specialized", True, False, "2lvl",
+                 stages=4),
+    KernelConfig("swap_64x64x128_ws_s6_2lvl", (64, 64, 128), (1, 1), "warp-specialized", True, False, "2lvl",
+                 stages=6),
+    KernelConfig("swap_64x64x128_c2x1_ws_s4_2lvl", (64, 64, 128), (2, 1), "warp-specialized", True, False,
+                 "2lvl", stages=4),
     # M = 33..64 with many weight rows: the activation tile is shared by a 2x1 cluster (TMA
     # multicast), halving its L2 reads.
     KernelConfig("swap_128x64x128_c2x1_coop_streamk_2lvl", (128, 64, 128), (2, 1), "cooperative", True, True,
@@ -214,12 +227,10 @@ SPLIT_BELOW_SM_FRACTION = 3
 #: 24576 x 1536 12.7 / 14.7, 28672 x 2048 18.6 / 20.1, 16384 x 4096 20.6 / 20.1,
 #: 28672 x 8192 59.7 / 60.0.
 WS_SHALLOW_MAX_K = 2048
-#: 32 / 64 tokens over more 64-row weight tiles than SMs take the persistent ping-pong 64-row
-#: tile up to this K, the 128-row stream-K tiles above it. Decode chains, session 24, us per
-#: GEMM, ping-pong vs stream-K: N x K = 24576 x 1536, M = 32 16.0 vs 21.2, M = 64 16.0 vs 22.2;
-#: 28672 x 2048, M = 32 22.6 vs 22.9, M = 64 24.1 vs 23.5 (XLA's Triton GEMM: 12.9 / 13.5 and
-#: 18.6 / 20.0 -- faster than both).
-PINGPONG_MANY_ROWS_MAX_K = 1536
+#: 64 tokens over more 64-row weight tiles than SMs with K <= WS_SHALLOW_MAX_K: the two
+#: non-persistent tiles and how many of their CTAs an SM holds (cudaOccupancy, session 25's
+#: kernel-alone tool); the one whose CTA waves the tile count fills better runs.
+_SHORT_K_64 = (("swap_64x64x128_ws_s6_2lvl", 2), ("swap_64x64x128_c2x1_ws_s4_2lvl", 3))
 #: CUTLASS's stream-K heuristic decomposition (passed as splits=0 to the kernel).
 STREAM_K_HEURISTIC = 0
 # Candidates in order of preference (measured per-tile speed on an H200, benchmarks/sweep.py,
@@ -250,7 +261,8 @@ def select_config(problem: GemmProblem, sm_count: int, *, fast_accum: bool = Fal
   ping-pong otherwise) when the weight rows make at most one wave of them; more weight rows: for
   16 tokens still the warp-specialized 64-row tile (4 stages, 5 CTAs per SM, when K <=
   WS_SHALLOW_MAX_K; session 24: 1.03-1.47x the stream-K tile in the decode chains), for 32 / 64
-  tokens the persistent ping-pong 64-row tile when K <= PINGPONG_MANY_ROWS_MAX_K, else 128-row
+  tokens with K <= WS_SHALLOW_MAX_K non-persistent warp-specialized 64-row tiles with few stages
+  (32 tokens: 4 stages; 64 tokens: 6 stages, or 4 in a 2x1 cluster, by wave fill), else 128-row
   cooperative tiles with CUTLASS's stream-K decomposition (measured at N = 28672, K = 8192:
   5-11% faster than 3.4 waves of ping-pong 64-row tiles), as 2x1 clusters for 64-token tiles
   (M = 33..64); fewer than a third of the SMs' worth of 64-row tiles
@@ -281,10 +293,18 @@ def select_config(problem: GemmProblem, sm_count: int, *, fast_accum: bool = Fal
         if problem.k <= WS_SHALLOW_MAX_K:
           # Short K: the 4-stage tile keeps 5 CTAs per SM streaming.
           cfg = CONFIGS["swap_64x16x128_ws_s4_2lvl"]
-      elif tiles > sm_count and problem.k <= PINGPONG_MANY_ROWS_MAX_K:
-        # Short K, 32 / 64 tokens: the persistent ping-pong 64-row tile (stream-K's fixup costs
-        # more than it balances over so few K blocks).
-        cfg = CONFIGS[f"swap_64x{tn}x128_pingpong_2lvl"]
+      elif tiles > sm_count and problem.k <= WS_SHALLOW_MAX_K:
+        # Short K, 32 / 64 tokens: non-persistent tiles with few stages, several CTAs per SM
+        # (stream-K's fixup costs more than it balances over so few K blocks; session 25: 8-27%
+        # faster kernels than the persistent ping-pong tile, which session 24 picked here).
+        if tn == 32:
+          cfg = CONFIGS["swap_64x32x128_ws_s4_2lvl"]
+        else:
+          def wave_fill(per_sm):
+            slots = per_sm * sm_count
+            return tiles / (math.ceil(tiles / slots) * slots)
+          name = max(_SHORT_K_64, key=lambda c: wave_fill(c[1]))[0]  # first on ties
+          cfg = CONFIGS[name]
       elif tiles > sm_count:
         # 64-token tiles: a 2x1 cluster shares the activation tile by TMA multicast. Measured
         # (session6/sweep_decode): N = 28672, K = 8192: M = 48 65.9 vs 71.6 us, M = 64 66.3 vs

@@ -51,15 +51,22 @@ def test_decode_many_weight_rows_streams_with_stream_k():
     assert (cfg.name, s) == (want, configs.STREAM_K_HEURISTIC), (m, cfg.name, s)
 
 
-def test_decode_short_k_many_weight_rows_takes_ping_pong():
-  # 32 / 64 tokens, more 64-row tiles than SMs, K <= PINGPONG_MANY_ROWS_MAX_K: the persistent
-  # ping-pong 64-row tile, unsplit (session 24: 1.3x stream-K at 24576 x 1536); above it stream-K.
-  kmax = configs.PINGPONG_MANY_ROWS_MAX_K
+def test_decode_short_k_many_weight_rows_takes_warp_specialized_tiles():
+  # 32 / 64 tokens, more 64-row tiles than SMs, K <= WS_SHALLOW_MAX_K: non-persistent 64-row
+  # tiles, unsplit (session 25, kernel alone: 1.08-1.27x the ping-pong tile of session 24); 64
+  # tokens: the 6-stage tile (2 CTAs per SM) or the 4-stage 2x1-cluster tile (3 per SM), whichever
+  # fills its waves better; above that K stream-K.
+  kmax = configs.WS_SHALLOW_MAX_K
+  s6, c2 = "swap_64x64x128_ws_s6_2lvl", "swap_64x64x128_c2x1_ws_s4_2lvl"
   for m, tn in ((17, 32), (32, 32), (33, 64), (64, 64)):
     for fast in (False, True):  # no fast twin: fast_accum runs the two-level kernel
-      for n, k in ((24576, 1536), (28672, kmax), (24576, 512)):
+      # N = 24576: 384 tiles (3 per SM: 0.97 of a wave; 2 per SM: 1.45 waves); N = 16384 / 32768 /
+      # 28672: 256 / 512 / 448 tiles (2 per SM fills 0.97 / 0.97 / 0.85 of its waves).
+      for n, k, want64 in ((24576, 1536, c2), (24576, 512, c2), (16384, 1536, s6), (32768, 512, s6),
+                           (28672, kmax, s6)):
+        want = "swap_64x32x128_ws_s4_2lvl" if tn == 32 else want64
         cfg, s = configs.select_config(prob(m, n, k), 132, fast_accum=fast)
-        assert (cfg.name, s) == (f"swap_64x{tn}x128_pingpong_2lvl", 1), (m, n, k, fast, cfg.name, s)
+        assert (cfg.name, s, cfg.stream_k) == (want, 1, False), (m, n, k, fast, cfg.name, s)
       cfg, s = configs.select_config(prob(m, 28672, kmax + 128), 132, fast_accum=fast)
       assert cfg.stream_k and s == configs.STREAM_K_HEURISTIC, (m, fast, cfg.name, s)
 
