@@ -13,9 +13,9 @@ Implementations ("impl" in the JSON; every one gets bf16 output)
   ours             jax_gmma.fp8_gemm(a, b, a_scale, b_scale, out_dtype=bfloat16): per-tensor scales,
                    default two-level (precise) accumulation. Which kernel config (and K splits) it
                    picks is printed and recorded (jax_gmma.configs.select_config).
-  ours_fast_accum  the same with fast_accum=True (tensor-core-only accumulation). GEMM suites only:
-                   cuBLASLt (XLA, torch) may pick its own accumulation mode, so this is the
-                   like-for-like column when it does.
+  ours_fast_accum  the same with fast_accum=True (tensor-core-only accumulation): the
+                   like-for-like column of xla_fp8 (XLA's default precision accumulates in the
+                   tensor cores only).
   xla_fp8          XLA's own FP8 GEMM: the fp8 operands go straight into
                    lax.dot_general(a, b, (((1,), (1,)), ((), ())), preferred_element_type=bf16),
                    then the result is multiplied by a_scale * b_scale. No dequantization before the
@@ -25,7 +25,7 @@ Implementations ("impl" in the JSON; every one gets bf16 output)
                    accumulation exactly when the dot's precision is DEFAULT (xla/stream_executor/
                    cuda/cuda_blas_lt.cc), so xla_fp8 is the like-for-like peer of ours_fast_accum
                    and xla_fp8_precise (and torch_scaled_mm, whose use_fast_accum defaults to
-                   False) of ours (two-level accumulation). GEMM suites only.
+                   False) of ours (two-level accumulation). GEMM suites and decode chains.
   bf16             jnp.dot(a, b.T) of bfloat16 operands of the same shape (the dequantized fp8
                    values), b (N, K). What you would run without FP8.
   torch_scaled_mm  torch._scaled_mm(a, b.t(), scale_a=, scale_b=, out_dtype=torch.bfloat16) with
@@ -678,7 +678,7 @@ def bench_decode(run: Run, suite: str, n: int, k: int, ms, budget):
                                         splits=int(sp) if sp else None)
       extra_impls.append(impl)
     ready = {}
-    for impl in (OURS, OURS_FAST, XLA, *extra_impls):
+    for impl in (OURS, OURS_FAST, XLA, XLA_PRECISE, *extra_impls):
       single, _ = compile_jax(FP8_FNS[impl], (x, wq[0], one, ws[0]))
       err = float(rel_err(single(x, wq[0], one, ws[0]), ref))
       chain, calls = compile_jax(_chain_fn(FP8_FNS[impl], k, _to_f8), (x, one, wq, ws))
@@ -940,13 +940,14 @@ def markdown(meta, rows, notes, failures) -> str:
                  f"{_ratio(f.get('speedup_vs', {}).get(XLA))} | {_ratio(_speed(g, BF))} |")
     elif kind == "decode":
       L += [f"## {suite}: decode chains ({CHAIN} dependent GEMMs per jitted call; µs per GEMM)", "",
-            "Like for like: ours fast-acc vs xla_fp8 (both accumulate in the tensor cores only; "
-            "XLA's default for FP8 dots); ours (two-level accumulation) is the more precise "
-            "default.", "",
+            "Like for like: ours (two-level accumulation) vs xla_fp8_precise and torch "
+            "(no fast accumulation); ours fast-acc vs xla_fp8 (both accumulate in the tensor "
+            "cores only; XLA's default for FP8 dots).", "",
             "| M | N×K | distinct W | ours config (splits) | rel err | ours µs | ours GB/s | "
             "ours fast-acc config (splits) | ours fast-acc µs | "
-            "xla_fp8 µs | bf16 µs | torch µs | vs xla_fp8 | fast vs xla_fp8 | vs bf16 | vs torch |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "xla_fp8 µs | xla_fp8_precise µs | bf16 µs | torch µs | vs xla_fp8 | vs xla precise | "
+            "fast vs xla_fp8 | vs bf16 | vs torch |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
       for shape, g in groups.items():
         o = g.get(OURS, {})
         f = g.get(OURS_FAST, {})
@@ -955,8 +956,9 @@ def markdown(meta, rows, notes, failures) -> str:
                  f"{o.get('config', '—')} ({o.get('splits', '—')}) | {_fmt(o.get('rel_err'), '.1e')} | "
                  f"{us(OURS)} | {_fmt(o.get('gbps'), '.0f')} | "
                  f"{f.get('config', '—')} ({f.get('splits', '—')}) | {us(OURS_FAST)} | "
-                 f"{us(XLA)} | {us(BF)} | {us(TORCH)} | "
-                 f"{_ratio(_speed(g, XLA))} | {_ratio(f.get('speedup_vs', {}).get(XLA))} | "
+                 f"{us(XLA)} | {us(XLA_PRECISE)} | {us(BF)} | {us(TORCH)} | "
+                 f"{_ratio(_speed(g, XLA))} | {_ratio(_speed(g, XLA_PRECISE))} | "
+                 f"{_ratio(f.get('speedup_vs', {}).get(XLA))} | "
                  f"{_ratio(_speed(g, BF))} | {_ratio(_speed(g, TORCH))} |")
     else:
       L += [f"## {suite}: host cost per call ({HOST_CALLS} tiny GEMMs {HOST_M}x{HOST_N}x{HOST_K} "
