@@ -14,7 +14,7 @@ import pytest
 
 import jax_gmma
 from _cmdbuf import check_bit_identical_and_captured  # noqa: E402 (tests/ helper)
-from jax_gmma import _backend, configs
+from jax_gmma import _backend, configs, shapes
 
 pytestmark = pytest.mark.gpu
 
@@ -99,6 +99,19 @@ def test_every_config(name):
     splits = 3 if cfg.stream_k else None
     run_case(m, 2048, 4096, per_row=True, bias=True, config=name, splits=splits,
              fast_accum=cfg.accum == "fast")
+
+
+@pytest.mark.parametrize("m,n,k,name", [(32, 24576, 1536, "swap_64x32x128_ws_s4_2lvl"),
+                                         (17, 8512, 2048, "swap_64x32x128_ws_s4_2lvl"),
+                                         (64, 24576, 1536, "swap_64x64x128_c2x1_ws_s4_2lvl"),
+                                         (48, 19136, 640, "swap_64x64x128_c2x1_ws_s4_2lvl"),
+                                         (64, 16384, 1536, "swap_64x64x128_ws_s6_2lvl")])
+def test_decode_short_k_picks(m, n, k, name):
+  # The short-K decode tiles of 17..64 tokens (session 25) on shapes the heuristic gives them at
+  # 132 SMs; 19136 = 299 64-row tiles: an odd tile count in the 2x1-cluster tile.
+  problem = shapes.fp8_gemm_problem((m, k), E4, (n, k), E4)
+  assert configs.select_config(problem, 132)[0].name == name
+  run_case(m, n, k, per_row=True, bias=True, config=name)
 
 
 @pytest.mark.parametrize("config,splits", [("128x256x128_c2x1_coop_fast", 1), ("128x192x128_c2x1_coop_2lvl", 1),
