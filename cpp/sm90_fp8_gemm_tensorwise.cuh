@@ -67,11 +67,6 @@ template <class Cfg, int S>
 using WithStages = Config<typename Cfg::Tile, typename Cfg::Cluster, typename Cfg::KernelSchedule,
                           typename Cfg::EpilogueSchedule, typename Cfg::TileScheduler, Cfg::kSwap, S,
                           Cfg::kMinBlocks>;
-// A config compiled for B resident CTAs per SM.
-template <class Cfg, int B>
-using WithMinBlocks = Config<typename Cfg::Tile, typename Cfg::Cluster, typename Cfg::KernelSchedule,
-                             typename Cfg::EpilogueSchedule, typename Cfg::TileScheduler, Cfg::kSwap,
-                             Cfg::kStages, B>;
 
 // A CUTLASS kernel with another min-blocks launch bound (cutlass::device_kernel reads
 // Operator::MinBlocksPerMultiprocessor); everything else is the base kernel's.

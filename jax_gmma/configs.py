@@ -300,10 +300,8 @@ def select_config(problem: GemmProblem, sm_count: int, *, fast_accum: bool = Fal
         if tn == 32:
           cfg = CONFIGS["swap_64x32x128_ws_s4_2lvl"]
         else:
-          def wave_fill(per_sm):
-            slots = per_sm * sm_count
-            return tiles / (math.ceil(tiles / slots) * slots)
-          name = max(_SHORT_K_64, key=lambda c: wave_fill(c[1]))[0]  # first on ties
+          # Wave fill with per_sm CTAs on each SM (max keeps the first on ties).
+          name = max(_SHORT_K_64, key=lambda c: wave_efficiency(problem, CONFIGS[c[0]], c[1] * sm_count))[0]
           cfg = CONFIGS[name]
       elif tiles > sm_count:
         # 64-token tiles: a 2x1 cluster shares the activation tile by TMA multicast. Measured

@@ -34,9 +34,7 @@ constexpr DType E4 = DType::kF8E4M3;
 constexpr DType BF = DType::kBF16;
 
 // Candidates beside the library's configs (session 24 also timed 64x64 tiles compiled for 2-4
-// CTAs per SM through WithMinBlocks, benchmarks/results/2026-12-02-h200/session24/kernel_alone/).
-template <int TN, int S>
-using WsC2 = CfgDecodeSwapWsC2<TN, S>;
+// CTAs per SM through Config's MinBlocks_, benchmarks/results/2026-12-02-h200/session24/kernel_alone/).
 template <int TN, int S>
 using WsFastC2 = Config<Shape<_64, Int<TN>, _128>, Shape<_2, _1, _1>, sched::KernelTmaWarpSpecializedFP8FastAccum,
                         epi::TmaWarpSpecialized, void, true, S>;
@@ -112,16 +110,16 @@ int bench_main(int argc, char** argv) {
       row<Coop256Fast<64, 4>>("coop 256x64 c4x1 dp fast", 1, 1),
       row<CfgDecodeSwapCoop<256, 64, 2>>("coop 256x64 c2x1 dp 2lvl", 1, 1),
       row<CfgDecodeSwapCoop<128, 64, 4>>("coop 128x64 c4x1 streamk 2lvl", 1, 0),
-      row<WsC2<64, 6>>("ws 64x64 c2x1 s6 (non-persistent)", 1, 1),
-      row<WsC2<64, 4>>("ws 64x64 c2x1 s4 (non-persistent)", 1, 1),
-      row<WsC2<64, 3>>("ws 64x64 c2x1 s3 (non-persistent)", 1, 1),
+      row<CfgDecodeSwapWsC2<64, 6>>("ws 64x64 c2x1 s6 (non-persistent)", 1, 1),
+      row<CfgDecodeSwapWsC2<64, 4>>("ws 64x64 c2x1 s4 (non-persistent)", 1, 1),
+      row<CfgDecodeSwapWsC2<64, 3>>("ws 64x64 c2x1 s3 (non-persistent)", 1, 1),
       row<CfgDecodeSwapWs<64, 4>>("ws 64x64 s4 (non-persistent)", 1, 1),
       row<CfgDecodeSwapWs<64, 3>>("ws 64x64 s3 (non-persistent)", 1, 1),
       row<WsFastC2<64, 4>>("ws fast 64x64 c2x1 s4", 1, 1),
       row<WsFastC2<64, 3>>("ws fast 64x64 c2x1 s3", 1, 1),
       row<CfgDecodeSwapPp<32>>("lib swap_64x32 pingpong 2lvl", 1, 1),
-      row<WsC2<32, 4>>("ws 64x32 c2x1 s4 (non-persistent)", 1, 1),
-      row<WsC2<32, 6>>("ws 64x32 c2x1 s6 (non-persistent)", 1, 1),
+      row<CfgDecodeSwapWsC2<32, 4>>("ws 64x32 c2x1 s4 (non-persistent)", 1, 1),
+      row<CfgDecodeSwapWsC2<32, 6>>("ws 64x32 c2x1 s6 (non-persistent)", 1, 1),
       row<CfgDecodeSwapWs<32, 4>>("ws 64x32 s4 (non-persistent)", 1, 1),
       row<CfgDecodeSwapWs<16, 4>>("ws 64x16 s4", 1, 1),
       row<CfgDecodeSwapWs<16, 8>>("ws 64x16 s8", 1, 1),
@@ -132,7 +130,7 @@ int bench_main(int argc, char** argv) {
       row<CfgDecodeSwapCoop<128, 16, 2>>("coop 128x16 c2x1 dp 2lvl", 1, 1),
       row<CfgDecodeSwapCoop<128, 8, 2>>("coop 128x8 c2x1 streamk 2lvl", 1, 0),
       row<CfgDecodeSwapCoop<256, 16, 2>>("coop 256x16 c2x1 dp 2lvl", 1, 1),
-      row<WsC2<16, 8>>("ws 64x16 c2x1 s8 (non-persistent)", 1, 1),
+      row<CfgDecodeSwapWsC2<16, 8>>("ws 64x16 c2x1 s8 (non-persistent)", 1, 1),
   };
   // Optional 5th argument: only rows whose name contains one of these comma-separated words
   // (row 0 always runs: it is the output reference).
