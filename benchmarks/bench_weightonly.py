@@ -26,8 +26,9 @@ Decode suite: chains of 32 dependent GEMMs per jitted call (x_{i+1} is made from
 cannot merge calls: by default the first M*K elements of out_i, a contiguous prefix that costs no
 kernel; --glue columns takes out_i[:, :K] as before session 12, a copy kernel per step for the
 bf16-input impls when M > 1 and N > K), cycling over enough distinct weight copies to exceed the
-60 MB L2; reported per GEMM, with the streamed weight bytes per second (FP4: packed codes + scale
-codes) and the kernel-launching ops per chain (32 when the glue adds none). --decode-shapes /
+60 MB L2; the impls of one (shape, M) timed in --rounds interleaved rounds (one impl after the
+other before session 26); reported per GEMM, with the streamed weight bytes per second (FP4:
+packed codes + scale codes) and the kernel-launching ops per chain (32 when the glue adds none). --decode-shapes /
 --decode-ms narrow the suite. Prefill suite: single GEMMs at M = 4096, distinct weights rotated,
 the impls timed in --rounds interleaved rounds (sequentially, one impl after the other, before
 session 18).
@@ -41,7 +42,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:  # `python -P` does not put the script's directory on sys.path
   sys.path.insert(0, _HERE)
 
-from bench_fp8 import F8, BF16, F32, MAX_SETS, TN, _nk_list, compile_jax, md_tail, time_jax, time_rounds  # noqa: E402
+from bench_fp8 import F8, BF16, F32, MAX_SETS, TN, _nk_list, compile_jax, md_tail, time_rounds  # noqa: E402
 
 import argparse  # noqa: E402
 import datetime  # noqa: E402
@@ -180,8 +181,14 @@ def _entry_launches(compiled):
 
 
 def bench_decode(args, rows, fails, shapes, ms, impls):
+  """Decode chains per (N, K) and M: every impl's weights made first, every chain compiled and
+  its single GEMM checked against a float64 reference, then all chains timed in
+  ``args.rounds`` interleaved rounds (bench_fp8.time_rounds), so that the ratios between impls
+  (FP6 vs our FP8, FP4 vs XLA's FP8) come from the same clocks and temperature; before session
+  26 each impl was timed on its own, one after the other."""
   key = jax.random.PRNGKey(0)
   for n, k in shapes:
+    weights = {}
     for impl in impls:
       wb = _wbytes(impl, n, k)
       d = max(2, min(CHAIN, math.ceil(2 * L2_BYTES / wb)))
@@ -190,36 +197,44 @@ def bench_decode(args, rows, fails, shapes, ms, impls):
         key, sub = jax.random.split(key)
         w32 = jax.random.normal(sub, (n, k), F32) / math.sqrt(k)
         ws.append(_weights(impl, w32))
-        if i == 0:
-          w0 = np.asarray(_dequant(impl, ws[0]), np.float64)
+        if i == 0:  # every format's dequantized weight is exact in float32
+          w0 = np.asarray(_dequant(impl, ws[0]), np.float32)
         del w32
-      ws = tuple(ws)
-      step = _steps(k)[impl]
-      for m in ms:
-        key, sub = jax.random.split(key)
-        x = jax.random.normal(sub, (m, k), F32).astype(BF16)
+      weights[impl] = (tuple(ws), w0, wb, d)
+    for m in ms:
+      key, sub = jax.random.split(key)
+      x = jax.random.normal(sub, (m, k), F32).astype(BF16)
+      timed, meta = {}, {}
+      for impl in impls:
+        ws, w0, wb, d = weights[impl]
+        step = _steps(k)[impl]
         one, _ = compile_jax(step, (x, ws[0]))
         out = np.asarray(one(x, ws[0]).astype(F32), np.float64)
         xin = np.asarray(x.astype(F8).astype(F32) if impl in ("ours_fp8", "xla_fp8") else
                          x.astype(F32), np.float64)
-        ref = xin @ w0.T
+        ref = xin @ w0.T.astype(np.float64)
         err = float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
         if impl in TOL and not err < TOL[impl]:
           fails.append(f"decode {impl} {m}x{n}x{k}: rel_err {err:.2e}")
         chain, calls = compile_jax(_chain(step, k, args.glue), (x, ws))
-        launches = _entry_launches(chain)
-        st = time_jax(chain, [(x, ws)], args.repeats, args.repeat_ms / 1e3)
-        us = st["median_us"] / CHAIN
-        row = dict(suite="decode", impl=impl, m=m, n=n, k=k, us=us, chain_us=st["median_us"],
+        timed[impl] = lambda chain=chain, ws=ws: chain(x, ws)
+        meta[impl] = (err, calls, _entry_launches(chain))
+        del one
+      stats = time_rounds(timed, [()], args.repeats, args.repeat_ms / 1e3, args.rounds)
+      for impl in impls:
+        ws, w0, wb, d = weights[impl]
+        err, calls, launches = meta[impl]
+        us = stats[impl]["median_us"] / CHAIN
+        row = dict(suite="decode", impl=impl, m=m, n=n, k=k, us=us, chain_us=stats[impl]["median_us"],
                    weight_bytes=wb, gbps=wb / (us * 1e-6) / 1e9, rel_err=err, distinct_weights=d,
-                   lowered_to=calls, glue=args.glue, launches_per_chain=launches)
+                   lowered_to=calls, glue=args.glue, launches_per_chain=launches, rounds=args.rounds)
         if impl.startswith("ours_") and impl != "ours_fp8":
           row["tile"] = wo.pick_cta(m, n, k, WO_IMPLS[impl])
         rows.append(row)
         print(f"  {m:3d}x{n}x{k} {impl:18s} {us:8.2f} us/GEMM {row['gbps']:7.0f} GB/s "
               f"rel_err {err:.1e} {launches} ops/chain [{', '.join(calls) or 'XLA'}]", flush=True)
-        del chain, one
-      del ws
+      del timed
+    del weights
 
 
 def bench_prefill(args, rows, fails, shapes, impls, m=4096):
@@ -326,7 +341,8 @@ def main(argv=None):
   p.add_argument("--repeats", type=int, default=10)
   p.add_argument("--repeat-ms", type=float, default=50.0)
   p.add_argument("--rounds", type=int, default=3,
-                 help="prefill suite: interleaved rounds over the impls (each of --repeats samples)")
+                 help="interleaved rounds over the impls (each of --repeats samples), per decode "
+                      "(shape, M) and per prefill shape")
   p.add_argument("--prefill-ms", default="4096",
                  help="prefill token counts M,M (default 4096); e.g. 32,64,128,256 to place "
                       "weightonly.PREFILL_MIN_M with impls ours_nvfp4_kernel,ours_nvfp4_dequant")
