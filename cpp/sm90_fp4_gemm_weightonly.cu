@@ -95,8 +95,13 @@ __device__ __forceinline__ void fp4_slice(uint32_t w, uint32_t f_lo, uint32_t f_
   a[3] = mul_bf16x2(e2m1_pair3(w), f_hi);  // row g + 8, k 4q + 2, 3
 }
 
+#ifdef JAX_GMMA_WO_MIN_WARPS  // tuning builds: at least this many warps resident per SM
+#define JAX_GMMA_WO_BOUNDS(threads) __launch_bounds__((threads), (JAX_GMMA_WO_MIN_WARPS * 32 + (threads) - 1) / (threads))
+#else
+#define JAX_GMMA_WO_BOUNDS(threads) __launch_bounds__(threads)
+#endif
 template <int RS, int NT, int WK, int WR, WoScale S, typename OutT, int D>
-__global__ void __launch_bounds__(WK * WR * 32) wo_gemm_kernel(const WoParams p) {
+__global__ void JAX_GMMA_WO_BOUNDS(WK * WR * 32) wo_gemm_kernel(const WoParams p) {
   static_assert(D % 2 == 0, "the activation double buffer is indexed by step parity");
   constexpr int kScaleBytes = S == WoScale::kNv16 ? 64 : 32;
   constexpr int kCols = NT * 8;

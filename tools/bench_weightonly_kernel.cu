@@ -4,6 +4,12 @@
 //
 //   nvcc -std=c++17 -O3 -DNDEBUG -gencode=arch=compute_90a,code=sm_90a -cudart static \
 //        -Icpp/include [-DJAX_GMMA_WO_DEPTH=4] tools/bench_weightonly_kernel.cu -o wo_bench
+//   Tuning hooks (never set by the library build): -include a header that defines
+//   JAX_GMMA_WO_CTA_SHAPES (another kWoCtaShapes table, weightonly_common.cuh; the first row is
+//   the reference of the shape check), -DJAX_GMMA_WO_MIN_WARPS=W (FP4 kernels: __launch_bounds__
+//   asks for W resident warps per SM, capping registers), -DJAX_GMMA_WO_DEPTH=D (even).
+//   benchmarks/results/2026-12-03-h200/session26/wo_cta_shapes_tried/ used them.
+//
 //   ./wo_bench [iters] [format]   # format: nvfp4 (default), mxfp4, mxfp6_e2m3, mxfp6_e3m2, all
 //                                 # prints one line per (format, shape, M, CTA shape): us, GB/s
 //   ./wo_bench unpack [iters] [format]   # the prefill unpack kernel (weightonly_unpack_run):
