@@ -257,20 +257,21 @@ struct WoCtaShape {
   int rs, nt, wk, wr;
   constexpr int rows() const { return 16 * rs * wr; }
 };
-#ifdef JAX_GMMA_WO_CTA_SHAPES
 // Tuning builds of tools/bench_weightonly_kernel.cu try other tables (the library never sets
-// it): `-include shapes.h` with `#define JAX_GMMA_WO_CTA_SHAPES {1,1,8,1},{2,2,2,1},...` (rs, nt,
-// wk, wr per row; nvcc splits a -D value at its commas, hence the header).
-constexpr WoCtaShape kWoCtaShapes[] = {JAX_GMMA_WO_CTA_SHAPES};
-#else
+// it): `-include shapes.h` with `#define JAX_GMMA_WO_CTA_SHAPES` and the rows (rs, nt, wk, wr
+// each; nvcc splits a -D value at its commas, hence the header). tests/test_weightonly.py reads
+// the rows below.
 constexpr WoCtaShape kWoCtaShapes[] = {
+#ifdef JAX_GMMA_WO_CTA_SHAPES
+    JAX_GMMA_WO_CTA_SHAPES
+#else
     // 8 warps along K (the original shapes: 16 / 32 / 64 rows x 8 / 16 tokens)
     {1, 1, 8, 1}, {1, 2, 8, 1}, {2, 1, 8, 1}, {2, 2, 8, 1}, {4, 1, 8, 1}, {4, 2, 8, 1},
     // the weightonly_pick shapes with other K splits (tools/bench_weightonly_kernel.cu)
     {1, 1, 16, 1}, {1, 1, 4, 1}, {1, 2, 4, 1}, {2, 2, 4, 1}, {2, 2, 2, 1}, {1, 2, 2, 4},
     {1, 1, 2, 1},
-};
 #endif
+};
 constexpr int kWoCtaShapeCount = static_cast<int>(sizeof(kWoCtaShapes) / sizeof(kWoCtaShapes[0]));
 
 // Each (rows, tokens, k_warps) names one row: two rows with the same name would make one of
