@@ -18,6 +18,8 @@ Implementations (same process, same run; every one gets bf16 activations in and 
                      route, weightonly_gemm(x8, w, path="fp8"), MX weights.
   ours_nvfp4_fp8r    (prefill suite) the same with NVFP4 weights rounded to e4m3,
                      path="fp8_rounded" (asked for explicitly; rel_err includes the rounding).
+  ours_nvfp4_x8 / ours_mxfp4_x8  (decode suite, only when named in --impls) FP8 activations (cast
+                     in the step) in the FP4 decode kernel, widened to bf16 exactly there.
   bf16               jnp.dot(x, w_bf16.T).
   xla_dequant_nvfp4  what JAX users write today: jnp.dot(x, jax_gmma.dequantize(w_q).astype(bf16).T)
                      inside the jitted step (XLA fuses the dequantize, then a bf16 GEMM).
@@ -75,11 +77,17 @@ FP8_ROUTE = {"ours_mxfp4_fp8": "mxfp4", "ours_mxfp6_e2m3_fp8": "mxfp6_e2m3",
 #: path="fp8_rounded" (asked for explicitly): the same route for any format, weights rounded to
 #: nearest e4m3 (rel_err here is against the exact weights: it includes that rounding).
 FP8_ROUNDED = {"ours_nvfp4_fp8r": "nvfp4"}
+#: FP4 weights x FP8 activations in the decode kernel (decode suite; not in the default impls):
+#: the chain's bf16 activation cast to e4m3 in the step, as for ours_fp8, and widened to bf16
+#: exactly in the kernel (half the activation bytes of the bf16 impls).
+X8_DECODE = {"ours_nvfp4_x8": "nvfp4", "ours_mxfp4_x8": "mxfp4"}
 WO_IMPLS.update(FP8_ROUTE)
 WO_IMPLS.update(FP8_ROUNDED)
-for _i in (*FP8_ROUTE, *FP8_ROUNDED):
+WO_IMPLS.update(X8_DECODE)
+for _i in (*FP8_ROUTE, *FP8_ROUNDED, *X8_DECODE):
   TOL[_i] = 5e-2
-FP8_X = ("ours_fp8", "xla_fp8", *FP8_ROUTE, *FP8_ROUNDED)  # impls whose activations are cast to FP8
+# impls whose activations are cast to FP8
+FP8_X = ("ours_fp8", "xla_fp8", *FP8_ROUTE, *FP8_ROUNDED, *X8_DECODE)
 PREFILL_ONLY = (*FP8_ROUTE, *FP8_ROUNDED)  # not in the decode chains
 
 
@@ -124,6 +132,7 @@ def _steps(k):
       **{i: (lambda x, w: jax_gmma.weightonly_gemm(x.astype(F8), w, path="fp8")) for i in FP8_ROUTE},
       **{i: (lambda x, w: jax_gmma.weightonly_gemm(x.astype(F8), w, path="fp8_rounded"))
          for i in FP8_ROUNDED},
+      **{i: (lambda x, w: jax_gmma.weightonly_gemm(x.astype(F8), w)) for i in X8_DECODE},
       "ours_fp8": lambda x, w: jax_gmma.fp8_gemm(x.astype(F8), w[0], None, w[1], out_dtype=BF16),
       "xla_fp8": lambda x, w: (lax.dot_general(x.astype(F8), w[0], TN, preferred_element_type=F32)
                                * w[1]).astype(BF16),
@@ -210,8 +219,7 @@ def bench_decode(args, rows, fails, shapes, ms, impls):
         step = _steps(k)[impl]
         one, _ = compile_jax(step, (x, ws[0]))
         out = np.asarray(one(x, ws[0]).astype(F32), np.float64)
-        xin = np.asarray(x.astype(F8).astype(F32) if impl in ("ours_fp8", "xla_fp8") else
-                         x.astype(F32), np.float64)
+        xin = np.asarray(x.astype(F8).astype(F32) if impl in FP8_X else x.astype(F32), np.float64)
         ref = xin @ w0.T.astype(np.float64)
         err = float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
         if impl in TOL and not err < TOL[impl]:
