@@ -1,8 +1,9 @@
 // Experiment (session 26; tried, not kept: 1.4-2.3x slower than the library kernel, see
-// benchmarks/results/2026-12-03-h200/session26/README.md): the FP4 weight-only decode kernel with its weight ring in shared
-// memory, filled by bulk copies (cp.async.bulk + mbarrier, one elected lane per warp), instead
-// of the register ring of cpp/sm90_fp4_gemm_weightonly.cu. The question: does freeing the 32
-// ring registers (and so allowing more warps along K, or a deeper ring) speed up M = 16?
+// benchmarks/results/2026-12-03-h200/session26/README.md): the FP4 weight-only decode kernel
+// with its weight ring in shared memory, filled by bulk copies (cp.async.bulk + mbarrier, one
+// elected lane per warp), instead of the register ring of cpp/sm90_fp4_gemm_weightonly.cu. The
+// question: does freeing the 32 ring registers (and so allowing more warps along K, or a
+// deeper ring) speed up M = 16?
 // Same decode, MMAs, activation loads and epilogue as the library kernel (its helpers).
 //
 //   nvcc -std=c++17 -O3 -DNDEBUG -gencode=arch=compute_90a,code=sm_90a -cudart static \
