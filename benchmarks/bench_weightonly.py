@@ -189,6 +189,18 @@ def _entry_launches(compiled):
              if " fusion(" in line or " custom-call(" in line or " copy(" in line)
 
 
+def _check(fails, suite, impl, x, out, w0, mnk):
+  """Relative Frobenius error of out (from activations x, bf16) against a float64 product of
+  impl's own operands (x cast to FP8 for the FP8-activation impls; w0 its dequantized weight);
+  a failure beyond TOL is appended to fails. Returns the error."""
+  xin = np.asarray(x.astype(F8).astype(F32) if impl in FP8_X else x.astype(F32), np.float64)
+  ref = xin @ np.asarray(w0, np.float64).T
+  err = float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
+  if impl in TOL and not err < TOL[impl]:
+    fails.append(f"{suite} {impl} {'x'.join(map(str, mnk))}: rel_err {err:.2e}")
+  return err
+
+
 def bench_decode(args, rows, fails, shapes, ms, impls):
   """Decode chains per (N, K) and M: every impl's weights made first, every chain compiled and
   its single GEMM checked against a float64 reference, then all chains timed in
@@ -219,11 +231,7 @@ def bench_decode(args, rows, fails, shapes, ms, impls):
         step = _steps(k)[impl]
         one, _ = compile_jax(step, (x, ws[0]))
         out = np.asarray(one(x, ws[0]).astype(F32), np.float64)
-        xin = np.asarray(x.astype(F8).astype(F32) if impl in FP8_X else x.astype(F32), np.float64)
-        ref = xin @ w0.T.astype(np.float64)
-        err = float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
-        if impl in TOL and not err < TOL[impl]:
-          fails.append(f"decode {impl} {m}x{n}x{k}: rel_err {err:.2e}")
+        err = _check(fails, "decode", impl, x, out, w0, (m, n, k))
         chain, calls = compile_jax(_chain(step, k, args.glue), (x, ws))
         timed[impl] = lambda chain=chain, ws=ws: chain(x, ws)
         meta[impl] = (err, calls, _entry_launches(chain))
@@ -264,13 +272,8 @@ def bench_prefill(args, rows, fails, shapes, impls, m=4096):
       step = _steps(k)[impl]
       fn, calls = compile_jax(step, (x, ws[0]))
       w0 = np.asarray(_dequant(impl, ws[0]), np.float64)
-      xin = np.asarray(x[:64].astype(F8).astype(F32) if impl in FP8_X else
-                       x[:64].astype(F32), np.float64)
       out = np.asarray(fn(x, ws[0])[:64].astype(F32), np.float64)
-      ref = xin @ w0.T
-      err = float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
-      if impl in TOL and not err < TOL[impl]:
-        fails.append(f"prefill {impl} {m}x{n}x{k}: rel_err {err:.2e}")
+      err = _check(fails, "prefill", impl, x[:64], out, w0, (m, n, k))
       it = itertools.cycle(ws)
       timed[impl] = lambda fn=fn, it=it: fn(x, next(it))
       meta[impl] = (err, calls)
