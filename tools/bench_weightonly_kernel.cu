@@ -8,7 +8,8 @@
 //   JAX_GMMA_WO_CTA_SHAPES (another kWoCtaShapes table, weightonly_common.cuh; the first row is
 //   the reference of the shape check), -DJAX_GMMA_WO_MIN_WARPS=W (FP4 kernels: __launch_bounds__
 //   asks for W resident warps per SM, capping registers), -DJAX_GMMA_WO_DEPTH=D (even).
-//   benchmarks/results/2026-12-03-h200/session26/wo_cta_shapes_tried/ used them.
+//   -DJAX_GMMA_WO_ABLATE=1 / 2 (weightonly_common.cuh: drop MMAs / activation loads, wrong results,
+//   timing only). benchmarks/results/2026-12-03-h200/session26/wo_cta_shapes_tried/ used the first three.
 //
 //   ./wo_bench [iters] [format]   # format: nvfp4 (default), mxfp4, mxfp6_e2m3, mxfp6_e3m2, all
 //                                 # prints one line per (format, shape, M, CTA shape): us, GB/s

@@ -17,6 +17,14 @@
 namespace jax_gmma {
 namespace wo_detail {
 
+// Measurement hook of tools/bench_weightonly_kernel.cu (the library never sets it; results are
+// wrong when it is nonzero): 1 = one 8-token MMA per k16 slice (the others and their activation
+// loads dropped), 2 = every 8-token tile multiplies tile 0's activations (their loads dropped).
+// Accumulators start at distinct values so that no MMA chain is merged with another.
+#ifndef JAX_GMMA_WO_ABLATE
+#define JAX_GMMA_WO_ABLATE 0
+#endif
+
 struct WoParams {
   int64_t m, n, k;
   const __nv_bfloat16* x;
@@ -171,6 +179,13 @@ struct XRows {
   __device__ __forceinline__ void load(int64_t j, uint4 (&x)[NT][2]) const {
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
+#if JAX_GMMA_WO_ABLATE == 2  // measurement hook (wrong results): tiles nt > 0 reuse tile 0's data
+      if (nt > 0) {
+        x[nt][0] = x[0][0];
+        x[nt][1] = x[0][1];
+        continue;
+      }
+#endif
       const uint4* px = reinterpret_cast<const uint4*>(row[nt] + j * 64);
       x[nt][0] = __ldg(px);
       x[nt][1] = __ldg(px + 1);
@@ -185,7 +200,7 @@ __device__ __forceinline__ void zero_acc(float (&acc)[RS][NT][4]) {
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) acc[r][nt][i] = 0.f;
+      for (int i = 0; i < 4; ++i) acc[r][nt][i] = JAX_GMMA_WO_ABLATE ? 1e-30f * nt : 0.f;
 }
 
 // A warp's K steps are wk, wk + WK, ... (wk = warp % WK): how many of the ksteps it has.
@@ -214,6 +229,9 @@ __device__ __forceinline__ void mma_tiles(float (&acc)[NT][4], uint32_t a0, uint
                                           int q) {
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
+#if JAX_GMMA_WO_ABLATE == 1  // measurement hook (wrong results): one 8-token MMA per slice
+    if (nt > 0) continue;
+#endif
     const uint4& xb = x[nt][q >> 1];
     const uint32_t b0 = (q & 1) ? xb.z : xb.x;
     const uint32_t b1 = (q & 1) ? xb.w : xb.y;
