@@ -1,0 +1,1 @@
+#define JAX_GMMA_WO_CTA_SHAPES {1, 2, 2, 2}, {1, 2, 2, 1}
