@@ -191,7 +191,27 @@ struct Fp4Tile {
 
 #ifndef JAX_GMMA_WO_DEPTH
 #define JAX_GMMA_WO_DEPTH 4  // weight prefetch depth (K steps of 64 in flight per warp)
+#define JAX_GMMA_WO_SHALLOW_RING 1  // fp4_shallow_ring applies (off when a tuning build forces D)
+#else
+#define JAX_GMMA_WO_SHALLOW_RING 0
 #endif
+
+// The 16-row x 8-token tile with 8 warps along K runs a 2-step ring when each warp has at most
+// 16 K steps (K <= 8192). Measured on the H200, kernel alone, M = 1..8
+// (benchmarks/results/2026-12-03-h200/session27/wo_depth/):
+//  * faster: NVFP4 2-3% at N x K = 8192 x 8192 and 14336 x 4096; MXFP4 0-4%;
+//  * slower with 56 steps per warp (8192 x 28672: 2-4%), with 16 warps along K
+//    (4096 x 14336: 23-29%) and at N = 28672 (2 warps along K: 4%).
+// Only that tile is instantiated at depth 2.
+inline bool fp4_shallow_ring(const WoArgs& a, const WoCta& c) {
+  return JAX_GMMA_WO_SHALLOW_RING && c.rows == 16 && c.tokens == 8 && c.k_warps == 8 &&
+         a.k / 64 <= 16 * 8;
+}
+
+template <WoScale S, typename OutT>
+cudaError_t launch_shallow(const WoArgs& a, cudaStream_t stream) {
+  return launch_tile<1, 1, 8, 1>(a, stream, wo_gemm_kernel<1, 1, 8, 1, S, OutT, 2>);
+}
 
 template <WoScale S, typename OutT, int D = JAX_GMMA_WO_DEPTH>
 cudaError_t dispatch_tile(const WoArgs& a, const WoCta& c, cudaStream_t stream) {
@@ -279,6 +299,13 @@ cudaError_t weightonly_run(const WoArgs& a, cudaStream_t stream) {
   const WoCta c = weightonly_resolve(a);
   if (a.scale == WoScale::kMx6E2M3 || a.scale == WoScale::kMx6E3M2)
     return weightonly_fp6_run(a, c, stream);
+  if (fp4_shallow_ring(a, c)) {
+    if (a.scale == WoScale::kNv16)
+      return a.d_is_f32 ? launch_shallow<WoScale::kNv16, float>(a, stream)
+                        : launch_shallow<WoScale::kNv16, __nv_bfloat16>(a, stream);
+    return a.d_is_f32 ? launch_shallow<WoScale::kMx32, float>(a, stream)
+                      : launch_shallow<WoScale::kMx32, __nv_bfloat16>(a, stream);
+  }
   if (a.scale == WoScale::kNv16)
     return a.d_is_f32 ? dispatch_tile<WoScale::kNv16, float>(a, c, stream)
                       : dispatch_tile<WoScale::kNv16, __nv_bfloat16>(a, c, stream);

@@ -634,6 +634,17 @@ def test_kernel_every_tile(fmt, cta, m):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("k", [8192, 8256])
+@pytest.mark.parametrize("out_dtype", [jnp.bfloat16, jnp.float32])
+def test_kernel_ring_depth_switch(fmt, k, out_dtype):
+  # The FP4 16-row x 8-token tile with 8 warps along K runs a 2-step weight ring up to K = 8192
+  # (16 K steps per warp) and the 4-step ring above (fp4_shallow_ring): the last K of one and
+  # the first of the other (129 K steps: ragged over the 8 warps).
+  _check(fmt, 5, 1024, k, seed=k, out_dtype=out_dtype, rows=16, tokens=8, k_warps=8)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("out_dtype", [jnp.bfloat16, jnp.float32])
 def test_kernel_fp8_activations_bias(fmt, out_dtype):
