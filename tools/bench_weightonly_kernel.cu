@@ -7,7 +7,8 @@
 //   Tuning hooks (never set by the library build): -include a header that defines
 //   JAX_GMMA_WO_CTA_SHAPES (another kWoCtaShapes table, weightonly_common.cuh; the first row is
 //   the reference of the shape check), -DJAX_GMMA_WO_MIN_WARPS=W (FP4 kernels: __launch_bounds__
-//   asks for W resident warps per SM, capping registers), -DJAX_GMMA_WO_DEPTH=D (even).
+//   asks for W resident warps per SM, capping registers), -DJAX_GMMA_WO_DEPTH=D (even; every FP4
+//   tile, the library's 2-step rule for the 16x8 kw8 tile off).
 //   -DJAX_GMMA_WO_ABLATE=1 / 2 (weightonly_common.cuh: drop MMAs / activation loads, wrong results,
 //   timing only). benchmarks/results/2026-12-03-h200/session26/wo_cta_shapes_tried/ used the first three.
 //
@@ -471,7 +472,9 @@ int main(int argc, char** argv) {
   const char* fsel = argc > 2 ? argv[2] : "nvfp4";
   using timing::Fmt;
   const auto& fmts = timing::kFormats;
-  std::printf("depth fp4 %d fp6 %d, %d launches per point\n", JAX_GMMA_WO_DEPTH, JAX_GMMA_WO6_DEPTH, iters);
+  std::printf("depth fp4 %d%s fp6 %d, %d launches per point\n", JAX_GMMA_WO_DEPTH,
+              JAX_GMMA_WO_SHALLOW_RING ? " (2 for the 16x8 kw8 tile at K <= 8192)" : "",
+              JAX_GMMA_WO6_DEPTH, iters);
   int bad = 0;
   for (const Fmt& f : fmts) {
     if (std::strcmp(fsel, "all") != 0 && std::strcmp(fsel, f.name) != 0) continue;
