@@ -191,7 +191,7 @@ struct Fp4Tile {
 
 #ifndef JAX_GMMA_WO_DEPTH
 #define JAX_GMMA_WO_DEPTH 4  // weight prefetch depth (K steps of 64 in flight per warp)
-#define JAX_GMMA_WO_SHALLOW_RING 1  // fp4_shallow_ring applies (off when a tuning build forces D)
+#define JAX_GMMA_WO_SHALLOW_RING 1  // fp4_shallow_tile applies (off when a tuning build forces D)
 #else
 #define JAX_GMMA_WO_SHALLOW_RING 0
 #endif
@@ -202,22 +202,20 @@ struct Fp4Tile {
 //  * faster: NVFP4 2-3% at N x K = 8192 x 8192 and 14336 x 4096; MXFP4 0-4%;
 //  * slower with 56 steps per warp (8192 x 28672: 2-4%), with 16 warps along K
 //    (4096 x 14336: 23-29%) and at N = 28672 (2 warps along K: 4%).
-// Only that tile is instantiated at depth 2.
-inline bool fp4_shallow_ring(const WoArgs& a, const WoCta& c) {
-  return JAX_GMMA_WO_SHALLOW_RING && c.rows == 16 && c.tokens == 8 && c.k_warps == 8 &&
-         a.k / 64 <= 16 * 8;
+// Only that tile is instantiated at depth 2 (fp4_shallow_tile), chosen by K (fp4_shallow_k).
+constexpr bool fp4_shallow_tile(int rs, int nt, int wk, int wr) {
+  return JAX_GMMA_WO_SHALLOW_RING && rs == 1 && nt == 1 && wk == 8 && wr == 1;
 }
-
-template <WoScale S, typename OutT>
-cudaError_t launch_shallow(const WoArgs& a, cudaStream_t stream) {
-  return launch_tile<1, 1, 8, 1>(a, stream, wo_gemm_kernel<1, 1, 8, 1, S, OutT, 2>);
-}
+inline bool fp4_shallow_k(int64_t k) { return k / 64 <= 16 * 8; }
 
 template <WoScale S, typename OutT, int D = JAX_GMMA_WO_DEPTH>
 cudaError_t dispatch_tile(const WoArgs& a, const WoCta& c, cudaStream_t stream) {
   return dispatch_tile_shape(c.rows, c.tokens, c.k_warps, [&](auto rs, auto nt, auto wk, auto wr) {
     constexpr int RS = decltype(rs)::value, NT = decltype(nt)::value;
     constexpr int WK = decltype(wk)::value, WR = decltype(wr)::value;
+    if constexpr (fp4_shallow_tile(RS, NT, WK, WR))
+      if (fp4_shallow_k(a.k))
+        return launch_tile<RS, NT, WK, WR>(a, stream, wo_gemm_kernel<RS, NT, WK, WR, S, OutT, 2>);
     return launch_tile<RS, NT, WK, WR>(a, stream, wo_gemm_kernel<RS, NT, WK, WR, S, OutT, D>);
   });
 }
@@ -299,13 +297,6 @@ cudaError_t weightonly_run(const WoArgs& a, cudaStream_t stream) {
   const WoCta c = weightonly_resolve(a);
   if (a.scale == WoScale::kMx6E2M3 || a.scale == WoScale::kMx6E3M2)
     return weightonly_fp6_run(a, c, stream);
-  if (fp4_shallow_ring(a, c)) {
-    if (a.scale == WoScale::kNv16)
-      return a.d_is_f32 ? launch_shallow<WoScale::kNv16, float>(a, stream)
-                        : launch_shallow<WoScale::kNv16, __nv_bfloat16>(a, stream);
-    return a.d_is_f32 ? launch_shallow<WoScale::kMx32, float>(a, stream)
-                      : launch_shallow<WoScale::kMx32, __nv_bfloat16>(a, stream);
-  }
   if (a.scale == WoScale::kNv16)
     return a.d_is_f32 ? dispatch_tile<WoScale::kNv16, float>(a, c, stream)
                       : dispatch_tile<WoScale::kNv16, __nv_bfloat16>(a, c, stream);

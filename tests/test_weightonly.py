@@ -639,7 +639,7 @@ def test_kernel_every_tile(fmt, cta, m):
 @pytest.mark.parametrize("out_dtype", [jnp.bfloat16, jnp.float32])
 def test_kernel_ring_depth_switch(fmt, k, out_dtype):
   # The FP4 16-row x 8-token tile with 8 warps along K runs a 2-step weight ring up to K = 8192
-  # (16 K steps per warp) and the 4-step ring above (fp4_shallow_ring): the last K of one and
+  # (16 K steps per warp) and the 4-step ring above (fp4_shallow_tile / fp4_shallow_k): the last K of one and
   # the first of the other (129 K steps: ragged over the 8 warps).
   _check(fmt, 5, 1024, k, seed=k, out_dtype=out_dtype, rows=16, tokens=8, k_warps=8)
 
