@@ -14,7 +14,7 @@
 #   sweep    benchmarks/sweep.py: decode + large suites (SWEEP_*_ARGS add options), host cost
 #   steps    tests, sass, sweep_decode, sweep_large, large (+ LARGE_ARGS), decode, host, bw_large, bw_decode,
 #            bw_quant (block-scaled benchmark suites, BW_ARGS add options), wo_smoke, wo_decode, wo_prefill, wo_all (FP4
-#            weight-only suites), mxf8_configs (MXFP8 configs forced: MX_CONFIGS), minilm, llama (examples);
+#            weight-only suites), diag (DIAG script, DIAG_ARGS), mxf8_configs (MXFP8 configs forced: MX_CONFIGS), minilm, llama (examples);
 #            MODE may list several
 #            separated by commas (e.g. tests,sweep_decode)
 # Logs and results go to $OUT (at most 8 files come back from the device machine).
@@ -94,6 +94,10 @@ step() {
       mkdir -p "$OUT/mxf8_configs"
       timeout ${T_BW:-300} python3 -P benchmarks/bench_blockwise.py --suite decode --out "$OUT/mxf8_configs" \
         --impls ours_mxfp8,ours_pertensor --decode-ms ${MXF8_MS:-1,16,32,64,128} --mx-configs "${MX_CONFIGS:-}" ;;
+    diag)  # a tools/diag_*.py script (DIAG, default tools/diag_chain_slice.py) with DIAG_ARGS; its --out files tarred
+      rm -rf /tmp/diag && mkdir -p /tmp/diag
+      timeout ${T_DIAG:-400} python3 -P ${DIAG:-tools/diag_chain_slice.py} --out /tmp/diag ${DIAG_ARGS:-}
+      tar -czf "$OUT/diag.tgz" -C /tmp diag ;;
     # composite modes
     sweep) step sweep_decode; step sweep_large; step host ;;
     measure) step sass; TESTS="${TESTS:-tests/test_gpu_fp8.py -k 'every_config or command_buffers or batch_dims or nan_inf or dot_on_gpu or no_silent'}" step tests
