@@ -30,10 +30,22 @@ def main():
   def small(x, w):
     return jax_gmma.fp8_gemm(x, w, scale, 1.0, out_dtype=jnp.float32)
 
+  # N = 2K (the decode benchmark's glue): the next input is the first M * K elements of the
+  # output, cast; XLA may fold that slice into the consumer as a dynamic-slice fusion.
+  w2 = (jax.random.normal(jax.random.PRNGKey(3), (2, 2 * n, k)) * 2).astype(jnp.float8_e4m3fn)
+
+  @jax.jit
+  def sliced(x, ws):
+    for i in range(32):
+      y = jax_gmma.fp8_gemm(x, ws[i % 2], scale, 1.0, out_dtype=jnp.bfloat16)
+      x = y.reshape(-1)[:x.shape[0] * k].reshape(x.shape[0], k).astype(jnp.float8_e4m3fn)
+    return y
+
   outs = {}
   for _ in range(3):  # first run may trace/instantiate; later runs replay
     outs["chain"] = np.asarray(chain(x0, ws))
     outs["small"] = np.asarray(small(x0, ws[0]))
+    outs["sliced"] = np.asarray(sliced(x0[:1], w2))
   assert np.isfinite(outs["chain"].astype(np.float32)).all()
   report(outs)
 

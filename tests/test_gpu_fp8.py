@@ -226,7 +226,7 @@ def test_no_silent_fallback_when_kernel_missing(monkeypatch):
 
 
 def test_command_buffers_bit_identical_and_captured():
-  check_bit_identical_and_captured("cmdbuf_child.py")
+  check_bit_identical_and_captured("cmdbuf_child.py", names=("chain", "small", "sliced"))
 
 
 def test_sweep_config_without_sweep_kernels_is_a_clear_error():

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import jax_gmma
-from _cmdbuf import child_script, command_buffer_runs  # noqa: E402 (tests/ helper)
+from _cmdbuf import child_script, command_buffer_runs, run_child  # noqa: E402 (tests/ helper)
 from jax_gmma import weightonly as wo
 
 FORMATS = ("nvfp4", "mxfp4", "mxfp6_e2m3", "mxfp6_e3m2")
@@ -673,8 +673,17 @@ def test_kernel_nan_propagates(fmt):
 def test_command_buffers_bit_identical_and_captured():
   runs = command_buffer_runs([child_script("cmdbuf_weightonly_child.py")])
   off, default, forced = runs["off"], runs["default"], runs["forced"]
-  for name in ("chain", "dequant", "fp8"):
+  # XLA's dynamic-slice fusion off: the N != K chains' slices become copy kernels instead.
+  nodsf = run_child([child_script("cmdbuf_weightonly_child.py")],
+                    "--xla_gpu_enable_dynamic_slice_fusion=false")
+  for name in ("chain", "dequant", "fp8", "sliced1", "sliced4"):
     assert default[name] == off[name] and forced[name] == off[name], name
+    assert nodsf[name] == off[name], name
+  assert not nodsf["sliced1_dsfusion"] and not nodsf["sliced4_dsfusion"], nodsf
+  print({k: v for k, v in default.items() if k.endswith("_dsfusion")})
+  # The sliced chains are captured too (with or without the dynamic-slice fusion around them).
+  for mode in (default, forced, nodsf):
+    assert mode["sliced1_captured"] >= 32 and mode["sliced4_captured"] >= 32, mode
   assert off["captured"] == 0 and off["eager"] > 0
   # Every decode GEMM of the 32-call chain is captured, with the default flags and forced.
   assert default["chain_captured"] >= 32, default
