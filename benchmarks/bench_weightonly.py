@@ -201,6 +201,17 @@ def _check(fails, suite, impl, x, out, w0, mnk):
   return err
 
 
+def distinct_weights(key, impl, n, k):
+  """(key, weights): enough distinct random (N, K) weights in impl's form that a chain cycling
+  over them streams at least twice the L2 (2 to CHAIN copies)."""
+  d = max(2, min(CHAIN, math.ceil(2 * L2_BYTES / _wbytes(impl, n, k))))
+  ws = []
+  for _ in range(d):
+    key, sub = jax.random.split(key)
+    ws.append(_weights(impl, jax.random.normal(sub, (n, k), F32) / math.sqrt(k)))
+  return key, tuple(ws)
+
+
 def bench_decode(args, rows, fails, shapes, ms, impls):
   """Decode chains per (N, K) and M: every impl's weights made first, every chain compiled and
   its single GEMM checked against a float64 reference, then all chains timed in
@@ -211,17 +222,9 @@ def bench_decode(args, rows, fails, shapes, ms, impls):
   for n, k in shapes:
     weights = {}
     for impl in impls:
-      wb = _wbytes(impl, n, k)
-      d = max(2, min(CHAIN, math.ceil(2 * L2_BYTES / wb)))
-      ws, w0 = [], None
-      for i in range(d):
-        key, sub = jax.random.split(key)
-        w32 = jax.random.normal(sub, (n, k), F32) / math.sqrt(k)
-        ws.append(_weights(impl, w32))
-        if i == 0:  # every format's dequantized weight is exact in float32
-          w0 = np.asarray(_dequant(impl, ws[0]), np.float32)
-        del w32
-      weights[impl] = (tuple(ws), w0, wb, d)
+      key, ws = distinct_weights(key, impl, n, k)
+      w0 = np.asarray(_dequant(impl, ws[0]), np.float32)  # exact in float32 for every format
+      weights[impl] = (ws, w0, _wbytes(impl, n, k), len(ws))
     for m in ms:
       key, sub = jax.random.split(key)
       x = jax.random.normal(sub, (m, k), F32).astype(BF16)
