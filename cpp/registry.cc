@@ -7,54 +7,20 @@
 #include <vector>
 
 #include "jax_gmma/gemm_api.h"
+#include "jax_gmma_kernel_tus.h"  // generated: JAX_GMMA_KERNEL_TUS(X)
 
 namespace jax_gmma {
 
-#if defined(JAX_GMMA_HAVE_SM90)
-#define JAX_GMMA_DECLARE(pair, d)                                      \
-  int sm90_fp8_tensorwise_##pair##_##d##_entries(KernelEntry* out); \
-  int sm90_fp8_tensorwise_##pair##_##d##_decode_entries(KernelEntry* out);
-JAX_GMMA_DECLARE(e4m3e4m3, bf16)
-JAX_GMMA_DECLARE(e4m3e4m3, f16)
-JAX_GMMA_DECLARE(e4m3e4m3, f32)
-JAX_GMMA_DECLARE(e5m2e4m3, bf16)
-JAX_GMMA_DECLARE(e5m2e4m3, f16)
-JAX_GMMA_DECLARE(e5m2e4m3, f32)
+// One fill function per kernel translation unit of this build (CMakeLists.txt generates the
+// list): it writes the unit's KernelEntry rows and returns their count.
+#define JAX_GMMA_DECLARE(fill) int fill(KernelEntry* out);
+JAX_GMMA_KERNEL_TUS(JAX_GMMA_DECLARE)
 #undef JAX_GMMA_DECLARE
-#if defined(JAX_GMMA_WITH_SWEEP)
-int sm90_fp8_tensorwise_sweep_entries(KernelEntry* out);  // JAX_GMMA_SWEEP_KERNELS=1 builds only
-#else
-static int sm90_fp8_tensorwise_sweep_entries(KernelEntry*) { return 0; }
-#endif
-int sm90_fp8_blockwise_1d2d_bf16_entries(KernelEntry* out);
-int sm90_fp8_blockwise_1d2d_f32_entries(KernelEntry* out);
-int sm90_fp8_blockwise_1d1d_bf16_entries(KernelEntry* out);
-int sm90_fp8_blockwise_1d1d_f32_entries(KernelEntry* out);
-int sm90_mx_mxf8_entries(KernelEntry* out);  // cpp/sm90_mxf8_gemm_blockscaled.cu
-int sm90_mx_mxf8_stream_entries(KernelEntry* out);  // cpp/sm90_mxf8_gemm_blockscaled_stream.cu
-#endif
-// Blackwell block-scaled MX / NVFP4 families (cpp/sm100_mx_gemm_blockscaled_*.cu,
-// cpp/sm120_mx_gemm_blockscaled_*.cu): one fill function per (format pair, output dtype).
-#define JAX_GMMA_MX_SM100_TUS(X) \
-  X(sm100, mxf8, bf16) X(sm100, mxf8, f32) X(sm100, mxf6e2m3, bf16) X(sm100, mxf6e2m3, f32) \
-  X(sm100, mxf6e3m2, bf16) X(sm100, mxf6e3m2, f32) X(sm100, mxf8mxf4, bf16) X(sm100, mxf8mxf4, f32) \
-  X(sm100, mxf4, bf16) X(sm100, mxf4, f32) X(sm100, nvf4, bf16) X(sm100, nvf4, f32)
-#define JAX_GMMA_MX_SM120_TUS(X) \
-  X(sm120, mxf8, bf16) X(sm120, mxf8, f32) X(sm120, mxf6e2m3, bf16) X(sm120, mxf6e2m3, f32) \
-  X(sm120, mxf8mxf4, bf16) X(sm120, mxf8mxf4, f32) X(sm120, mxf4, bf16) X(sm120, mxf4, f32) \
-  X(sm120, nvf4, bf16) X(sm120, nvf4, f32)
-#define JAX_GMMA_MX_DECLARE(arch, pair, d) int arch##_mx_##pair##_##d##_entries(KernelEntry* out);
-#define JAX_GMMA_MX_FILL(arch, pair, d) &arch##_mx_##pair##_##d##_entries,
-#if defined(JAX_GMMA_HAVE_SM100)
-JAX_GMMA_MX_SM100_TUS(JAX_GMMA_MX_DECLARE)
-#endif
-#if defined(JAX_GMMA_HAVE_SM120)
-JAX_GMMA_MX_SM120_TUS(JAX_GMMA_MX_DECLARE)
-#endif
 
 namespace {
 
 constexpr int kMaxDevices = 64;
+constexpr int kMaxEntriesPerUnit = 64;  // rows one fill function may write
 
 struct Table {
   std::vector<KernelEntry> entries;
@@ -63,46 +29,16 @@ struct Table {
   std::mutex mu;
 
   Table() {
-#if defined(JAX_GMMA_HAVE_SM90)
-    KernelEntry buf[64];
-    for (auto fill : {&sm90_fp8_tensorwise_e4m3e4m3_bf16_entries, &sm90_fp8_tensorwise_e4m3e4m3_f16_entries,
-                      &sm90_fp8_tensorwise_e4m3e4m3_f32_entries, &sm90_fp8_tensorwise_e5m2e4m3_bf16_entries,
-                      &sm90_fp8_tensorwise_e5m2e4m3_f16_entries, &sm90_fp8_tensorwise_e5m2e4m3_f32_entries,
-                      &sm90_fp8_tensorwise_e4m3e4m3_bf16_decode_entries,
-                      &sm90_fp8_tensorwise_e4m3e4m3_f16_decode_entries,
-                      &sm90_fp8_tensorwise_e4m3e4m3_f32_decode_entries,
-                      &sm90_fp8_tensorwise_e5m2e4m3_bf16_decode_entries,
-                      &sm90_fp8_tensorwise_e5m2e4m3_f16_decode_entries,
-                      &sm90_fp8_tensorwise_e5m2e4m3_f32_decode_entries,
-                      &sm90_fp8_tensorwise_sweep_entries,
-                      // Block-scaled family (1x128 / 128x128 float32 scales), e4m3 x e4m3.
-                      &sm90_fp8_blockwise_1d2d_bf16_entries, &sm90_fp8_blockwise_1d2d_f32_entries,
-                      &sm90_fp8_blockwise_1d1d_bf16_entries, &sm90_fp8_blockwise_1d1d_f32_entries,
-                      // MXFP8 x MXFP8 (E8M0 per 32 of K), a mainloop of our own, and the
-                      // weight-streaming decode kernel.
-                      &sm90_mx_mxf8_entries, &sm90_mx_mxf8_stream_entries}) {
+    using Fill = int (*)(KernelEntry*);
+#define JAX_GMMA_FILL(fill) &fill,
+    const Fill fills[] = {JAX_GMMA_KERNEL_TUS(JAX_GMMA_FILL) nullptr};
+#undef JAX_GMMA_FILL
+    KernelEntry buf[kMaxEntriesPerUnit];
+    for (Fill fill : fills) {
+      if (!fill) break;
       int n = fill(buf);
       entries.insert(entries.end(), buf, buf + n);
     }
-#endif
-#if defined(JAX_GMMA_HAVE_SM100) || defined(JAX_GMMA_HAVE_SM120)
-    {
-      using Fill = int (*)(KernelEntry*);
-      const Fill mx_fills[] = {
-#if defined(JAX_GMMA_HAVE_SM100)
-          JAX_GMMA_MX_SM100_TUS(JAX_GMMA_MX_FILL)
-#endif
-#if defined(JAX_GMMA_HAVE_SM120)
-          JAX_GMMA_MX_SM120_TUS(JAX_GMMA_MX_FILL)
-#endif
-      };
-      KernelEntry mx_buf[8];
-      for (Fill fill : mx_fills) {
-        int n = fill(mx_buf);
-        entries.insert(entries.end(), mx_buf, mx_buf + n);
-      }
-    }
-#endif
     prepared.reset(new std::atomic<uint64_t>[entries.size() + 1]);
     for (size_t i = 0; i <= entries.size(); ++i) prepared[i].store(0);
   }
@@ -165,6 +101,37 @@ const KernelEntry* find_kernel(const char* config, DType a, DType b, DType d) {
     if (e.a == a && e.b == b && e.d == d && std::strcmp(e.config, config) == 0) return &e;
   }
   return nullptr;
+}
+
+std::string missing_kernel_message(const char* config, DType a, DType b, DType d) {
+  std::string msg = std::string("no kernel '") + config + "' for " + dtype_name(a) + " x " +
+                    dtype_name(b) + " -> " + dtype_name(d) + " in this build";
+#if defined(JAX_GMMA_PARTIAL_FP8)
+  msg += " (the FP8 tensorwise kernels of this build cover only some dtypes: reinstall with "
+         "JAX_GMMA_FP8_PAIRS / JAX_GMMA_FP8_OUTPUTS naming the ones you need)";
+#endif
+#if !defined(JAX_GMMA_WITH_EXTRA)
+  // Kernels no heuristic picks (reachable only by forcing config=): compiled only with
+  // JAX_GMMA_EXTRA_KERNELS=1 (cpp/sm90_fp8_gemm_tensorwise_inst.cuh,
+  // cpp/sm90_fp8_gemm_blockwise_inst.cuh).
+  for (const char* extra : {"swap_64x16x128_pingpong_2lvl", "blockwise_1d2d_64x128x128_c1x1_pingpong",
+                            "blockwise_1d1d_64x128x128_c1x1_pingpong"}) {
+    if (std::strcmp(config, extra) == 0) {
+      msg += " (a kernel that is built only on request: reinstall with JAX_GMMA_EXTRA_KERNELS=1)";
+      break;
+    }
+  }
+#endif
+  return msg;
+}
+
+bool blockwise_scale_lds(std::string_view config, int64_t m, int64_t n, int64_t* ld_a, int64_t* ld_b) {
+  constexpr std::string_view k1d2d = "blockwise_1d2d_", k1d1d = "blockwise_1d1d_";
+  const bool is_1d2d = config.substr(0, k1d2d.size()) == k1d2d;
+  if (!is_1d2d && config.substr(0, k1d1d.size()) != k1d1d) return false;
+  *ld_a = block_scale_ld(m);
+  *ld_b = block_scale_ld(is_1d2d ? (n + 127) / 128 : n);
+  return true;
 }
 
 cudaError_t ensure_prepared(const KernelEntry* entry, int device) {

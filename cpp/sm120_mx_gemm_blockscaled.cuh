@@ -13,8 +13,8 @@
 
 #include "sm1xx_mx_gemm_blockscaled.cuh"
 
-// Issue #5 (host stub "__wrapper__device_stub_device_kernel<...> does not match any template
-// declaration" with nvcc 13.0 + GCC 12): CUTLASS's sm120 block-scaled builder takes the scale
+// The host stub error "__wrapper__device_stub_device_kernel<...> does not match any template
+// declaration" (nvcc 13.0 + GCC 12): CUTLASS's sm120 block-scaled builder takes the scale
 // vector size from blockscaled_type<Tag, Element>::SfVectorSize, a uint32_t, and builds the scale
 // factor smem layouts from `Int<SFVectorSize>` inside the (dependent) builder. GCC 12 does not
 // convert that argument to Int's `int` parameter when it is used inside another template

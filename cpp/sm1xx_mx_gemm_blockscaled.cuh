@@ -40,6 +40,8 @@
 #include <cutlass/util/packed_stride.hpp>
 
 #include "jax_gmma/gemm_api.h"
+#include "cutlass_gemm_host.cuh"
+#include "params_cache.cuh"
 
 namespace jax_gmma::sm1xx_mx {
 
@@ -166,68 +168,31 @@ struct MxGemm {
     if (g.k % FA::vec) return "K must be a multiple of the scale block (32 MX, 16 NVFP4)";
     if (g.k % FA::align || g.k % FB::align)
       return "K is not a multiple of the operands' alignment (16 fp8, 32 fp4, 128 fp4/fp6 mixed with fp8)";
-    auto args = make_arguments(g);
-    if (GemmKernel::can_implement(args)) return nullptr;
-    return "CUTLASS can_implement rejected the problem (alignment or shape)";
+    return cutlass_host::cutlass_can_implement<GemmKernel>(make_arguments(g));
   }
 
   static size_t workspace_size(const GemmArgs& g) { return GemmKernel::get_workspace_size(make_arguments(g)); }
 
-  static cudaError_t prepare() {
-    constexpr int smem = GemmKernel::SharedStorageSize;
-    if constexpr (smem >= (48 << 10)) {
-      return cudaFuncSetAttribute(cutlass::device_kernel<GemmKernel>,
-                                  cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    }
-    return cudaSuccess;
-  }
-
-  // Kernel Params cached per thread, keyed by the whole argument set (as the sm90 families).
-  struct ParamsCache {
-    static constexpr int kSlots = 64;
-    GemmArgs key[kSlots];
-    typename GemmKernel::Params params[kSlots];
-    bool valid[kSlots] = {};
-  };
+  // Kernel Params cached per thread, keyed by the whole argument set (params_cache.cuh, as the
+  // sm90 families); launched by CUTLASS's adapter (cluster launch as the arch needs it).
 
   static bool same(const GemmArgs& x, const GemmArgs& y) {
-    return x.m == y.m && x.n == y.n && x.k == y.k && x.a == y.a && x.b == y.b && x.a_sf == y.a_sf &&
-           x.b_sf == y.b_sf && x.a_global_scale == y.a_global_scale &&
-           x.b_global_scale == y.b_global_scale && x.bias == y.bias && x.d == y.d &&
-           x.workspace == y.workspace && x.workspace_bytes == y.workspace_bytes &&
-           x.sm_count == y.sm_count && x.device == y.device;
-  }
-
-  static int slot_of(const GemmArgs& g) {
-    auto p = [](const void* q) { return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(q) >> 8); };
-    uint64_t h = p(g.a) * 0x9E3779B97F4A7C15ull ^ p(g.b) * 0xC2B2AE3D27D4EB4Full ^
-                 p(g.d) * 0x165667B19E3779F9ull ^ static_cast<uint64_t>(g.m * 131 + g.n * 7 + g.k);
-    h ^= h >> 29;
-    return static_cast<int>(h % ParamsCache::kSlots);
+    return cutlass_host::same_common_args(x, y) && x.a_sf == y.a_sf && x.b_sf == y.b_sf &&
+           x.a_global_scale == y.a_global_scale && x.b_global_scale == y.b_global_scale;
   }
 
   static cudaError_t run(const GemmArgs& g, cudaStream_t stream) {
     if (!g.a_sf || !g.b_sf) return cudaErrorInvalidValue;
-    thread_local std::unique_ptr<ParamsCache> cache;
-    if (!cache) cache.reset(new ParamsCache());
-    const int slot = slot_of(g);
-    if (!cache->valid[slot] || !same(cache->key[slot], g)) {
-      auto args = make_arguments(g);
-      cache->params[slot] = GemmKernel::to_underlying_arguments(args, g.workspace);
-      cache->key[slot] = g;
-      cache->valid[slot] = true;
-    }
-    cutlass::Status st = Gemm::run(cache->params[slot], stream);
+    auto& e = thread_params_cache<GemmKernel>().lookup(g, &same, [&](auto& entry) {
+      entry.params = GemmKernel::to_underlying_arguments(make_arguments(g), g.workspace);
+    });
+    cutlass::Status st = Gemm::run(e.params, stream);
     if (st != cutlass::Status::kSuccess) return cudaErrorLaunchFailure;
     return cudaPeekAtLastError();
   }
 
   static KernelEntry entry(const char* name) {
-    KernelEntry e{name, FA::dt, FB::dt, kD, &can_implement, &workspace_size, &prepare, &run,
-                  static_cast<int32_t>(GemmKernel::SharedStorageSize),
-                  static_cast<int32_t>(GemmKernel::MaxThreadsPerBlock)};
-    e.arch = Cfg::kArch;
-    return e;
+    return cutlass_host::make_entry<MxGemm>(name, FA::dt, FB::dt, kD, Cfg::kArch);
   }
 };
 

@@ -51,9 +51,9 @@ constexpr int kTileBytes = 512;  // 16 rows x 64 K of e2m1 codes
 // away, pair 2 a rotate away, pair 3 in two pieces. Left shifts are written as multiplies so
 // that they run on the FMA pipe (IMAD.SHL), not on the logic pipe this kernel leans on: 5 LOP3 +
 // 2 SHF + 2 IMAD per 8 weights (the previous layout needed 6 LOP3 + 2 SHF + 3 IMAD; 1-6% faster
-// on the H200, benchmarks/results/2026-11-30-h200/session12/wo_layout). The two SHF moved to the
+// on the H200, measured 2026-11-30, weight layout). The two SHF moved to the
 // FMA pipe too (mul.hi / mul.wide: IMAD.HI, IMAD.WIDE) made the kernel 5-12% slower: that pipe
-// is already the fuller one (benchmarks/results/2026-12-02-h200/session22).
+// is already the fuller one (measured on the H200).
 constexpr uint32_t kPairMask = 0x81C081C0u;
 __device__ __forceinline__ uint32_t e2m1_pair0(uint32_t w) { return w & kPairMask; }
 __device__ __forceinline__ uint32_t e2m1_pair1(uint32_t w) { return (w * 16u) & kPairMask; }
@@ -198,7 +198,7 @@ struct Fp4Tile {
 
 // The 16-row x 8-token tile with 8 warps along K runs a 2-step ring when each warp has at most
 // 16 K steps (K <= 8192). Measured on the H200, kernel alone, M = 1..8
-// (benchmarks/results/2026-12-03-h200/session27/wo_depth/):
+// (measured 2026-12-03, ring depth):
 //  * faster: NVFP4 2-3% at N x K = 8192 x 8192 and 14336 x 4096; MXFP4 0-4%;
 //  * slower with 56 steps per warp (8192 x 28672: 2-4%), with 16 warps along K
 //    (4096 x 14336: 23-29%) and at N = 28672 (2 warps along K: 4%).
@@ -224,8 +224,8 @@ cudaError_t dispatch_tile(const WoArgs& a, const WoCta& c, cudaStream_t stream) 
 
 WoCta weightonly_pick(int64_t m, int64_t n, int64_t k, WoScale scale) {
   // Measured on the H200, every shape of kWoCtaShapes at N x K = 28672 x 8192, 8192 x 8192,
-  // 8192 x 28672, 4096 x 14336 and M = 1, 4, 16, 64 (tools/bench_weightonly_kernel.cu;
-  // benchmarks/results/2026-11-30-h200/session8/wo_cta_shapes, session12/wo_layout). The K
+  // 8192 x 28672, 4096 x 14336 and M = 1, 4, 16, 64 (benchmarks/kernels/bench_weightonly_kernel.cu;
+  // measured 2026-11-30, CTA shapes and weight layout). The K
   // split sets how many warps stream the weights at once: small N wants more warps per 16-row
   // strip (16 at N = 4096), large N fewer (2 at N = 28672: 1792 two-warp CTAs are one wave,
   // no tail; 4 warps 2.7% slower for NVFP4, equal for MXFP4).

@@ -39,18 +39,13 @@
 #include <cutlass/util/packed_stride.hpp>
 
 #include "jax_gmma/gemm_api.h"
+#include "cutlass_gemm_host.cuh"
 #include "params_cache.cuh"
 
 namespace jax_gmma::sm90_blockwise {
 
 using namespace cute;
-
-template <DType T> struct CutlassType;
-template <> struct CutlassType<DType::kF8E4M3> { using type = cutlass::float_e4m3_t; };
-template <> struct CutlassType<DType::kF8E5M2> { using type = cutlass::float_e5m2_t; };
-template <> struct CutlassType<DType::kBF16> { using type = cutlass::bfloat16_t; };
-template <> struct CutlassType<DType::kF16> { using type = cutlass::half_t; };
-template <> struct CutlassType<DType::kF32> { using type = float; };
+using cutlass_host::CutlassType;
 
 // Scale granularity of the weight operand (user B): 128 rows ("1d2d") or 1 row ("1d1d").
 enum class Variant { k1d2d, k1d1d };
@@ -162,105 +157,41 @@ struct Sm90Fp8BlockwiseGemm {
   }
 
   static Arguments make_arguments(const GemmArgs& g) {
-    const int km = static_cast<int>(kSwap ? g.n : g.m);
-    const int kn = static_cast<int>(kSwap ? g.m : g.n);
-    const int k = static_cast<int>(g.k);
-    using StrideA = typename GemmKernel::StrideA;
-    using StrideB = typename GemmKernel::StrideB;
-    using StrideD = typename GemmKernel::StrideD;
-    StrideA sa = cutlass::make_cute_packed_stride(StrideA{}, cute::make_shape(km, k, 1));
-    StrideB sb = cutlass::make_cute_packed_stride(StrideB{}, cute::make_shape(kn, k, 1));
-    StrideD sd = cutlass::make_cute_packed_stride(StrideD{}, cute::make_shape(km, kn, 1));
-
-    Arguments args;
-    args.mode = cutlass::gemm::GemmUniversalMode::kGemm;
-    args.problem_shape = {km, kn, k, 1};
-    args.mainloop.ptr_A = static_cast<const KElA*>(kSwap ? g.b : g.a);
-    args.mainloop.dA = sa;
-    args.mainloop.ptr_B = static_cast<const KElB*>(kSwap ? g.a : g.b);
-    args.mainloop.dB = sb;
+    Arguments args = cutlass_host::gemm_arguments<kSwap, GemmKernel, KElA, KElB, ElD>(g);
     args.mainloop.ptr_SFA = kSwap ? g.b_block_scale : g.a_block_scale;
     args.mainloop.layout_SFA =
-        scale_layout<LayoutSFA, kGranKM>(k, kSwap ? g.b_block_scale_ld : g.a_block_scale_ld);
+        scale_layout<LayoutSFA, kGranKM>(g.k, kSwap ? g.b_block_scale_ld : g.a_block_scale_ld);
     args.mainloop.ptr_SFB = kSwap ? g.a_block_scale : g.b_block_scale;
     args.mainloop.layout_SFB =
-        scale_layout<LayoutSFB, kGranKN>(k, kSwap ? g.a_block_scale_ld : g.b_block_scale_ld);
-    args.epilogue.ptr_C = nullptr;
-    args.epilogue.dC = sd;
-    args.epilogue.ptr_D = static_cast<ElD*>(g.d);
-    args.epilogue.dD = sd;
-    auto& bias = args.epilogue.thread.op_1;  // Fusion = Add(Acc, Bias): children op_0, op_1
-    if constexpr (kSwap) {
-      bias.ptr_col = static_cast<const ElD*>(g.bias);
-      bias.null_default = ElD(0);
-    } else {
-      bias.ptr_row = static_cast<const ElD*>(g.bias);
-      bias.null_default = ElD(0);
-    }
-    args.hw_info.device_id = g.device;
-    args.hw_info.sm_count = g.sm_count;
-    using Raster = decltype(args.scheduler.raster_order);
-    args.scheduler.max_swizzle_size = g.swizzle;
-    args.scheduler.raster_order = g.raster == 1   ? Raster::AlongM
-                                  : g.raster == 2 ? Raster::AlongN
-                                                  : Raster::Heuristic;
-    if constexpr (Cfg::kStreamK) {
-      using Decomp = cutlass::gemm::kernel::detail::DecompositionMode;
-      using Reduce = cutlass::gemm::kernel::detail::ReductionMode;
-      // splits: 0 = CUTLASS's stream-K heuristic, 1 = data-parallel, > 1 = split-K.
-      args.scheduler.splits = g.splits > 1 ? g.splits : 1;
-      args.scheduler.decomposition_mode = g.splits == 0   ? Decomp::Heuristic
-                                          : g.splits > 1 ? Decomp::SplitK
-                                                         : Decomp::DataParallel;
-      // Deterministic turnstile reduction: results are bit-identical run to run.
-      args.scheduler.reduction_mode = Reduce::Deterministic;
-    }
+        scale_layout<LayoutSFB, kGranKN>(g.k, kSwap ? g.a_block_scale_ld : g.b_block_scale_ld);
+    // Fusion = Add(Acc, Bias): children op_0, op_1.
+    cutlass_host::set_bias_args<kSwap, ElD>(args.epilogue.thread.op_1, g);
+    cutlass_host::set_scheduler_args<Cfg::kStreamK>(args, g);
     return args;
   }
 
   static const char* can_implement(const GemmArgs& g) {
-    if constexpr (!Cfg::kStreamK) {
-      if (g.splits != 1) return "this config does not split K (splits must be 1)";
-    }
-    if (g.splits < 0) return "splits must be >= 0";
-    if (g.swizzle != 1 && g.swizzle != 2 && g.swizzle != 4 && g.swizzle != 8)
-      return "swizzle must be 1, 2, 4 or 8";
-    if (g.raster < 0 || g.raster > 2) return "raster must be 0 (heuristic), 1 (along M) or 2 (along N)";
+    if (const char* msg = cutlass_host::check_scheduler_args<Cfg::kStreamK>(g)) return msg;
     if (!g.a_block_scale || !g.b_block_scale)
       return "block-scaled kernel called without block scales (wrong handler?)";
     const int64_t rows_b = (g.n + kGranB - 1) / kGranB;
     if (g.a_block_scale_ld < g.m || g.a_block_scale_ld % 4 || g.b_block_scale_ld < rows_b ||
         g.b_block_scale_ld % 4)
       return "scale leading dimensions must be >= rows and multiples of 4";
-    auto args = make_arguments(g);
-    if (GemmKernel::can_implement(args)) return nullptr;
-    return "CUTLASS can_implement rejected the problem (alignment or shape)";
+    return cutlass_host::cutlass_can_implement<GemmKernel>(make_arguments(g));
   }
 
   static size_t workspace_size(const GemmArgs& g) {
     return GemmKernel::get_workspace_size(make_arguments(g));
   }
 
-  static cudaError_t prepare() {
-    constexpr int smem = GemmKernel::SharedStorageSize;
-    if constexpr (smem >= (48 << 10)) {
-      return cudaFuncSetAttribute(cutlass::device_kernel<GemmKernel>,
-                                  cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    }
-    return cudaSuccess;
-  }
-
   // Kernel Params cached per thread, keyed by the whole argument set (as Sm90Fp8Gemm does):
   // in steady state a call only enqueues the workspace memset (split-K) and the launch.
 
   static bool same(const GemmArgs& x, const GemmArgs& y) {
-    return x.m == y.m && x.n == y.n && x.k == y.k && x.a == y.a && x.b == y.b &&
-           x.a_block_scale == y.a_block_scale && x.b_block_scale == y.b_block_scale &&
-           x.a_block_scale_ld == y.a_block_scale_ld && x.b_block_scale_ld == y.b_block_scale_ld &&
-           x.bias == y.bias && x.d == y.d && x.workspace == y.workspace &&
-           x.workspace_bytes == y.workspace_bytes && x.splits == y.splits &&
-           x.sm_count == y.sm_count && x.device == y.device && x.swizzle == y.swizzle &&
-           x.raster == y.raster;
+    return cutlass_host::same_scheduler_args(x, y) && x.a_block_scale == y.a_block_scale &&
+           x.b_block_scale == y.b_block_scale && x.a_block_scale_ld == y.a_block_scale_ld &&
+           x.b_block_scale_ld == y.b_block_scale_ld;
   }
 
   static cudaError_t run(const GemmArgs& g, cudaStream_t stream) {
@@ -269,9 +200,7 @@ struct Sm90Fp8BlockwiseGemm {
   }
 
   static KernelEntry entry(const char* name) {
-    return KernelEntry{name, kA, kB, kD, &can_implement, &workspace_size, &prepare, &run,
-                       static_cast<int32_t>(GemmKernel::SharedStorageSize),
-                       static_cast<int32_t>(GemmKernel::MaxThreadsPerBlock)};
+    return cutlass_host::make_entry<Sm90Fp8BlockwiseGemm>(name, kA, kB, kD);
   }
 };
 

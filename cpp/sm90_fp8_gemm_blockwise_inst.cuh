@@ -1,7 +1,9 @@
 // Instantiates every config of the sm90 FP8 block-scaled family for one scale variant and
-// output dtype. Included by sm90_fp8_gemm_blockwise_<variant>_<d>.cu: one translation unit per
-// (variant, output dtype), so the build parallelizes and each compiler process stays small.
-// Entry names are "blockwise_<variant>_<config>"; the configs match jax_gmma/blockwise_configs.py.
+// output dtype. Included by the generated sm90_fp8_gemm_blockwise_<variant>_<d>.cu
+// (CMakeLists.txt): one translation unit per (variant, output dtype), so the build parallelizes.
+// Entry names are "blockwise_<variant>_<config>"; the configs match jax_gmma's block-scaled
+// configs. Kernels no heuristic picks (reachable only by forcing config=) are compiled only with
+// JAX_GMMA_EXTRA_KERNELS=1 (JAX_GMMA_WITH_EXTRA).
 #pragma once
 
 #include "sm90_fp8_gemm_blockwise.cuh"
@@ -18,7 +20,10 @@ inline void add_blockwise_configs(KernelEntry* out, int& i) {
 #else
   JAX_GMMA_BW(CfgCoop, "128x128x128_c1x1_coop");
   JAX_GMMA_BW(CfgCoopSk, "128x128x128_c1x1_coop_streamk");
+#if defined(JAX_GMMA_WITH_EXTRA)
+  // Never picked (large M takes the 128x128 cooperative tiles): forced configs only.
   JAX_GMMA_BW(CfgPp64, "64x128x128_c1x1_pingpong");
+#endif
   JAX_GMMA_BW(CfgSwapCoopSk<16>, "swap_128x16x128_coop_streamk");
   JAX_GMMA_BW(CfgSwapCoopSk<32>, "swap_128x32x128_coop_streamk");
   JAX_GMMA_BW(CfgSwapCoopSk<64>, "swap_128x64x128_coop_streamk");

@@ -25,18 +25,13 @@
 #include <cutlass/util/packed_stride.hpp>
 
 #include "jax_gmma/gemm_api.h"
+#include "cutlass_gemm_host.cuh"
 #include "params_cache.cuh"
 
 namespace jax_gmma::sm90 {
 
 using namespace cute;
-
-template <DType T> struct CutlassType;
-template <> struct CutlassType<DType::kF8E4M3> { using type = cutlass::float_e4m3_t; };
-template <> struct CutlassType<DType::kF8E5M2> { using type = cutlass::float_e5m2_t; };
-template <> struct CutlassType<DType::kBF16> { using type = cutlass::bfloat16_t; };
-template <> struct CutlassType<DType::kF16> { using type = cutlass::half_t; };
-template <> struct CutlassType<DType::kF32> { using type = float; };
+using cutlass_host::CutlassType;
 
 // ---------------------------------------------------------------------------------------
 // Configs. Names must match jax_gmma/configs.py (checked by a test when the library is built).
@@ -115,7 +110,7 @@ template <int TN>
 using CfgDecodeSwap = CfgDecodeSwapCoop<128, TN, 1>;
 // The same with fast accumulation (wgmma accumulators only), XLA's default for FP8 dots: no
 // promotion pass per 128 K. Measured 1-5% faster at N = 28672, K = 8192, M = 1..64
-// (benchmarks/results/2026-11-30-h200/session7/sweep_decode).
+// (decode sweep on the H200, measured 2026-11-30).
 template <int TN, int CX>
 using CfgDecodeSwapCoopFast = Config<Shape<_128, Int<TN>, _128>, Shape<Int<CX>, _1, _1>,
                                      sched::KernelTmaWarpSpecializedCooperativeFP8FastAccum,
@@ -127,8 +122,8 @@ using CfgDecodeSwapPp = Config<Shape<_64, Int<TN>, _128>, Shape<_1, _1, _1>,
                                epi::TmaWarpSpecialized, void, true>;
 // Decode with at most one wave of 64-row weight tiles (N <= 64 x SMs): one warp-specialized CTA
 // per tile (a producer warp, one consumer warpgroup; not persistent) with an explicit stage
-// count. Kernel alone at N = K = 8192, M = 1 / 16 / 64 (session 23,
-// tools/bench_fp8_decode_kernel.cu): 20.8 / 21.2 / 22.3 us vs 22.0 / 22.1 / 23.3 for the
+// count. Kernel alone on the H200 at N = K = 8192, M = 1 / 16 / 64 (the FP8 decode kernel
+// bench): 20.8 / 21.2 / 22.3 us vs 22.0 / 22.1 / 23.3 for the
 // persistent ping-pong kernel with the same tile and CUTLASS's automatic stage count.
 template <int TN, int S>
 using CfgDecodeSwapWs = Config<Shape<_64, Int<TN>, _128>, Shape<_1, _1, _1>,
@@ -205,34 +200,12 @@ struct Sm90Fp8Gemm {
   using Arguments = typename GemmKernel::Arguments;
 
   static Arguments make_arguments(const GemmArgs& g) {
-    const int km = static_cast<int>(kSwap ? g.n : g.m);
-    const int kn = static_cast<int>(kSwap ? g.m : g.n);
-    const int k = static_cast<int>(g.k);
-    using StrideA = typename GemmKernel::StrideA;
-    using StrideB = typename GemmKernel::StrideB;
-    using StrideD = typename GemmKernel::StrideD;
-    StrideA sa = cutlass::make_cute_packed_stride(StrideA{}, cute::make_shape(km, k, 1));
-    StrideB sb = cutlass::make_cute_packed_stride(StrideB{}, cute::make_shape(kn, k, 1));
-    StrideD sd = cutlass::make_cute_packed_stride(StrideD{}, cute::make_shape(km, kn, 1));
-    const void* ka = kSwap ? g.b : g.a;
-    const void* kb = kSwap ? g.a : g.b;
+    Arguments args = cutlass_host::gemm_arguments<kSwap, GemmKernel, KElA, KElB, ElD>(g);
     // Kernel-col scale varies along kernel M; kernel-row along kernel N.
     const float* col_ptr = kSwap ? g.b_scale : g.a_scale;
-    const bool col_vec = kSwap ? g.b_scale_per_col : g.a_scale_per_row;  // NOLINT
+    const bool col_vec = kSwap ? g.b_scale_per_col : g.a_scale_per_row;
     const float* row_ptr = kSwap ? g.a_scale : g.b_scale;
     const bool row_vec = kSwap ? g.a_scale_per_row : g.b_scale_per_col;
-
-    Arguments args;
-    args.mode = cutlass::gemm::GemmUniversalMode::kGemm;
-    args.problem_shape = {km, kn, k, 1};
-    args.mainloop.ptr_A = static_cast<const KElA*>(ka);
-    args.mainloop.dA = sa;
-    args.mainloop.ptr_B = static_cast<const KElB*>(kb);
-    args.mainloop.dB = sb;
-    args.epilogue.ptr_C = nullptr;
-    args.epilogue.dC = sd;
-    args.epilogue.ptr_D = static_cast<ElD*>(g.d);
-    args.epilogue.dD = sd;
     auto& fusion = args.epilogue.thread;
     // Fusion = Add(Scaled(ColScale, Mul(RowScale, Acc)), Bias)
     // EVT arguments list children first, then the node: op_0, op_1, op_2.
@@ -246,72 +219,26 @@ struct Sm90Fp8Gemm {
     rowscale.ptr_row = row_ptr;
     rowscale.null_default = 1.f;
     rowscale.dRow = {_0{}, row_vec, int64_t(0)};
-    auto& bias = fusion.op_1;
-    if constexpr (kSwap) {
-      bias.ptr_col = static_cast<const ElD*>(g.bias);
-      bias.null_default = ElD(0);
-    } else {
-      bias.ptr_row = static_cast<const ElD*>(g.bias);
-      bias.null_default = ElD(0);
-    }
-    args.hw_info.device_id = g.device;
-    args.hw_info.sm_count = g.sm_count;
-    using Raster = decltype(args.scheduler.raster_order);
-    args.scheduler.max_swizzle_size = g.swizzle;
-    args.scheduler.raster_order = g.raster == 1   ? Raster::AlongM
-                                  : g.raster == 2 ? Raster::AlongN
-                                                  : Raster::Heuristic;
-    if constexpr (Cfg::kStreamK) {
-      using Decomp = cutlass::gemm::kernel::detail::DecompositionMode;
-      using Reduce = cutlass::gemm::kernel::detail::ReductionMode;
-      // splits: 0 = CUTLASS's stream-K heuristic, 1 = data-parallel, > 1 = split-K.
-      args.scheduler.splits = g.splits > 1 ? g.splits : 1;
-      args.scheduler.decomposition_mode = g.splits == 0   ? Decomp::Heuristic
-                                          : g.splits > 1 ? Decomp::SplitK
-                                                         : Decomp::DataParallel;
-      // Deterministic turnstile reduction: results are bit-identical run to run.
-      args.scheduler.reduction_mode = Reduce::Deterministic;
-    }
+    cutlass_host::set_bias_args<kSwap, ElD>(fusion.op_1, g);
+    cutlass_host::set_scheduler_args<Cfg::kStreamK>(args, g);
     return args;
   }
 
   static const char* can_implement(const GemmArgs& g) {
-    if constexpr (!Cfg::kStreamK) {
-      if (g.splits != 1) return "this config does not split K (splits must be 1)";
-    }
-    if (g.splits < 0) return "splits must be >= 0";
-    if (g.swizzle != 1 && g.swizzle != 2 && g.swizzle != 4 && g.swizzle != 8)
-      return "swizzle must be 1, 2, 4 or 8";
-    if (g.raster < 0 || g.raster > 2) return "raster must be 0 (heuristic), 1 (along M) or 2 (along N)";
-    auto args = make_arguments(g);
-    if (GemmKernel::can_implement(args)) return nullptr;
-    return "CUTLASS can_implement rejected the problem (alignment or shape)";
+    if (const char* msg = cutlass_host::check_scheduler_args<Cfg::kStreamK>(g)) return msg;
+    return cutlass_host::cutlass_can_implement<GemmKernel>(make_arguments(g));
   }
 
   static size_t workspace_size(const GemmArgs& g) {
     return GemmKernel::get_workspace_size(make_arguments(g));
   }
 
-  static cudaError_t prepare() {
-    constexpr int smem = GemmKernel::SharedStorageSize;
-    if constexpr (smem >= (48 << 10)) {
-      return cudaFuncSetAttribute(cutlass::device_kernel<GemmKernel>,
-                                  cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    }
-    return cudaSuccess;
-  }
-
   // Host work per call is kept small: the kernel Params are cached per thread, keyed by the
   // whole argument set (params_cache.cuh); `same` is the key equality.
 
   static bool same(const GemmArgs& x, const GemmArgs& y) {
-    return x.m == y.m && x.n == y.n && x.k == y.k && x.a == y.a && x.b == y.b &&
-           x.a_scale == y.a_scale && x.b_scale == y.b_scale &&
-           x.a_scale_per_row == y.a_scale_per_row && x.b_scale_per_col == y.b_scale_per_col &&
-           x.bias == y.bias && x.d == y.d && x.workspace == y.workspace &&
-           x.workspace_bytes == y.workspace_bytes && x.splits == y.splits &&
-           x.sm_count == y.sm_count && x.device == y.device && x.swizzle == y.swizzle &&
-           x.raster == y.raster;
+    return cutlass_host::same_scheduler_args(x, y) && x.a_scale == y.a_scale && x.b_scale == y.b_scale &&
+           x.a_scale_per_row == y.a_scale_per_row && x.b_scale_per_col == y.b_scale_per_col;
   }
 
   static cudaError_t run(const GemmArgs& g, cudaStream_t stream) {
@@ -319,9 +246,7 @@ struct Sm90Fp8Gemm {
   }
 
   static KernelEntry entry(const char* name) {
-    return KernelEntry{name, kA, kB, kD, &can_implement, &workspace_size, &prepare, &run,
-                       static_cast<int32_t>(GemmKernel::SharedStorageSize),
-                       static_cast<int32_t>(GemmKernel::MaxThreadsPerBlock)};
+    return cutlass_host::make_entry<Sm90Fp8Gemm>(name, kA, kB, kD);
   }
 };
 

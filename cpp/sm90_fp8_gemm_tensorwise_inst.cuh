@@ -1,6 +1,8 @@
 // Instantiates every config of the sm90 FP8 tensorwise family for one output dtype.
-// Included by sm90_fp8_gemm_tensorwise_<a><b>_<d>[_decode].cu: two translation units per dtype
-// triple, so the build parallelizes and each compiler process stays under ~8 GB.
+// Included by the generated sm90_fp8_gemm_tensorwise_<a><b>_<d>[_decode].cu (CMakeLists.txt): two
+// translation units per dtype triple, so the build parallelizes and each compiler process stays
+// under ~8 GB. Kernels no heuristic picks (jax_gmma's tensorwise configs; reachable only by
+// forcing config=) are compiled only with JAX_GMMA_EXTRA_KERNELS=1 (JAX_GMMA_WITH_EXTRA).
 #pragma once
 
 #include "sm90_fp8_gemm_tensorwise.cuh"
@@ -35,7 +37,10 @@ inline int tensorwise_decode_entries(KernelEntry* out) {
 #if !defined(JAX_GMMA_SMOKE_BUILD)
   out[i++] = Sm90Fp8Gemm<kA, kB, kD, CfgDecodeSwap<32>>::entry("swap_128x32x128_coop_streamk_2lvl");
   out[i++] = Sm90Fp8Gemm<kA, kB, kD, CfgDecodeSwap<64>>::entry("swap_128x64x128_coop_streamk_2lvl");
+#if defined(JAX_GMMA_WITH_EXTRA)
+  // Never picked (the 16-token one-wave tile is the warp-specialized one): forced configs only.
   out[i++] = Sm90Fp8Gemm<kA, kB, kD, CfgDecodeSwapPp<16>>::entry("swap_64x16x128_pingpong_2lvl");
+#endif
   out[i++] = Sm90Fp8Gemm<kA, kB, kD, CfgDecodeSwapPp<32>>::entry("swap_64x32x128_pingpong_2lvl");
   out[i++] = Sm90Fp8Gemm<kA, kB, kD, CfgDecodeSwapPp<64>>::entry("swap_64x64x128_pingpong_2lvl");
   out[i++] = Sm90Fp8Gemm<kA, kB, kD, CfgDecodeSwapC2<64>>::entry("swap_128x64x128_c2x1_coop_streamk_2lvl");

@@ -16,7 +16,7 @@ using CfgP64x128Pp2l = Config<Shape<_64, _128, _128>, Shape<_1, _2, _1>,
                               sched::KernelTmaWarpSpecializedPingpong,
                               epi::TmaWarpSpecialized, void, false>;
 
-// Session 7 candidates for M = 33..64 with many weight rows: a 4x1 cluster sharing the
+// Candidates for M = 33..64 with many weight rows: a 4x1 cluster sharing the
 // 64-token activation tile four ways (two-level and fast), and the unswapped 64-token tile
 // (ping-pong 64x128, a 1x2 cluster sharing the activation tile) with fast accumulation.
 template <int TN>

@@ -154,7 +154,7 @@ __device__ __forceinline__ uint32_t fix_inf(uint32_t code, float a, int shift) {
 
 // The kernel. kBlock 128: float32 scales (kDiv picks the division); kBlock 32: E8M0 bytes.
 // Segments handled per thread: their loads are issued together, so a thread keeps
-// kUnroll x 32 bytes in flight. Measured on the H200 with tools/bench_quantize_kernel.cu
+// kUnroll x 32 bytes in flight. Measured on the H200 with benchmarks/kernels/bench_quantize_kernel.cu
 // (4096 x 7168 bf16 -> fp8_1x128, kernel alone): 25.6 / 25.9 / 26.3 / 30.1 us at unroll
 // 1 / 2 / 4 / 8, i.e. ~3.4 TB/s, 0.85x the time of a cudaMemcpy of the bf16 input (3.8 TB/s).
 #ifndef JAX_GMMA_QUANT_UNROLL

@@ -28,7 +28,7 @@
 //   L2 reuse; the consumers' epilogue (registers -> global, masked at the edges, + bias)
 //   overlaps the producer's loads for the next tile.
 //
-// Cost (measured on the H200, benchmarks/results/2026-11-30-h200/session9/): the promotion is
+// Cost (measured on the H200, 2026-11-30): the promotion is
 // two float32 instructions per accumulator element per 32 of K, and it barely overlaps the
 // tensor core: ~370 TFLOP/s at large M (the wgmma pipeline alone: 1200), which is why
 // jax_gmma.mx picks an exact bf16 route from M = 512; at decode the swap configs stream the

@@ -25,7 +25,7 @@
 //    shared-memory reduction over the WK warps ends in a direct epilogue (+ bias, cast). Any M,
 //    any N (the last strip's rows past N are computed, not stored), K % 32 == 0. No workspace,
 //    only the launch: CUDA-graph safe.
-//  * Measured on the H200 (benchmarks/results/2026-11-30-h200/session13/): faster than the wgmma
+//  * Measured on the H200 (2026-11-30): faster than the wgmma
 //    kernel's decode configs only at M <= 8 and small N (1 x 8192 x 8192: 25.0 vs 25.8-26.1 us);
 //    jax_gmma.mx.select_sm90_config picks it there. It is also more precise: the FP8 MMA runs as
 //    f16 MMAs on sm_90, whose float32 sums of exact products agree with float64 to ~1e-7.

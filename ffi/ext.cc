@@ -36,17 +36,26 @@ namespace nb = nanobind;
 namespace {
 
 jax_gmma::DType parse_dtype(const std::string& s) {
-  using jax_gmma::DType;
-  if (s == "float8_e4m3fn") return DType::kF8E4M3;
-  if (s == "float8_e5m2") return DType::kF8E5M2;
-  if (s == "bfloat16") return DType::kBF16;
-  if (s == "float16") return DType::kF16;
-  if (s == "float32") return DType::kF32;
-  if (s == "float4_e2m1fn") return DType::kF4E2M1;
-  if (s == "float6_e2m3fn") return DType::kF6E2M3;
-  if (s == "float6_e3m2fn") return DType::kF6E3M2;
-  throw nb::value_error(("jax_gmma: unsupported dtype " + s).c_str());
+  jax_gmma::DType t;
+  if (!jax_gmma::dtype_from_name(s.c_str(), &t))
+    throw nb::value_error(("jax_gmma: unsupported dtype " + s).c_str());
+  return t;
 }
+
+// The answer of the check* functions: CUTLASS can_implement and the workspace size of kernel
+// `config` for the problem in `g`, host only.
+std::pair<std::optional<std::string>, int64_t> check_kernel(const std::string& config, const std::string& a,
+                                                            const std::string& b, const std::string& d,
+                                                            const jax_gmma::GemmArgs& g) {
+  const jax_gmma::DType ta = parse_dtype(a), tb = parse_dtype(b), td = parse_dtype(d);
+  const jax_gmma::KernelEntry* e = jax_gmma::find_kernel(config.c_str(), ta, tb, td);
+  if (!e) return {jax_gmma::missing_kernel_message(config.c_str(), ta, tb, td), 0};
+  if (const char* msg = e->can_implement(g)) return {std::string(msg), 0};
+  return {std::nullopt, static_cast<int64_t>(e->workspace_size(g))};
+}
+
+// Stands in for every scale / bias pointer of a host-only check: never dereferenced on the host.
+float dummy_scale = 1.f;
 
 }  // namespace
 #endif
@@ -125,19 +134,14 @@ NB_MODULE(_gmma_ext, m) {
          int64_t mm, int64_t n, int64_t k, int splits, int sm_count, bool a_vec, bool b_vec,
          bool has_bias, int swizzle, int raster) -> std::pair<std::optional<std::string>, int64_t> {
 #if defined(JAX_GMMA_WITH_CUDA)
-        const jax_gmma::KernelEntry* e =
-            jax_gmma::find_kernel(config.c_str(), parse_dtype(a), parse_dtype(b), parse_dtype(d));
-        if (!e) return {std::string("no kernel '") + config + "' for " + a + " x " + b + " -> " + d, 0};
         jax_gmma::GemmArgs g;
         g.m = mm; g.n = n; g.k = k;
         g.a_scale_per_row = a_vec; g.b_scale_per_col = b_vec;
         g.splits = splits; g.sm_count = sm_count;
         g.swizzle = swizzle; g.raster = raster;
-        static float dummy_scale = 1.f;  // never dereferenced on the host
         g.a_scale = g.b_scale = &dummy_scale;
         g.bias = has_bias ? &dummy_scale : nullptr;
-        if (const char* msg = e->can_implement(g)) return {std::string(msg), 0};
-        return {std::nullopt, static_cast<int64_t>(e->workspace_size(g))};
+        return check_kernel(config, a, b, d, g);
 #else
         (void)config; (void)a; (void)b; (void)d; (void)mm; (void)n; (void)k; (void)splits;
         (void)sm_count; (void)a_vec; (void)b_vec; (void)has_bias; (void)swizzle; (void)raster;
@@ -156,24 +160,15 @@ NB_MODULE(_gmma_ext, m) {
          int64_t mm, int64_t n, int64_t k, int splits, int sm_count, bool has_bias, int swizzle,
          int raster) -> std::pair<std::optional<std::string>, int64_t> {
 #if defined(JAX_GMMA_WITH_CUDA)
-        const bool is_1d2d = config.rfind("blockwise_1d2d_", 0) == 0;
-        if (!is_1d2d && config.rfind("blockwise_1d1d_", 0) != 0)
-          return {std::string("not a block-scaled kernel: '") + config + "'", 0};
-        const jax_gmma::KernelEntry* e =
-            jax_gmma::find_kernel(config.c_str(), parse_dtype(a), parse_dtype(b), parse_dtype(d));
-        if (!e) return {std::string("no kernel '") + config + "' for " + a + " x " + b + " -> " + d, 0};
         jax_gmma::GemmArgs g;
+        if (!jax_gmma::blockwise_scale_lds(config, mm, n, &g.a_block_scale_ld, &g.b_block_scale_ld))
+          return {std::string("not a block-scaled kernel: '") + config + "'", 0};
         g.m = mm; g.n = n; g.k = k;
         g.splits = splits; g.sm_count = sm_count;
         g.swizzle = swizzle; g.raster = raster;
-        static float dummy_scale = 1.f;  // never dereferenced on the host
         g.a_block_scale = g.b_block_scale = &dummy_scale;
-        const int64_t rows_b = is_1d2d ? (n + 127) / 128 : n;
-        g.a_block_scale_ld = jax_gmma::block_scale_ld(mm);
-        g.b_block_scale_ld = jax_gmma::block_scale_ld(rows_b);
         g.bias = has_bias ? &dummy_scale : nullptr;
-        if (const char* msg = e->can_implement(g)) return {std::string(msg), 0};
-        return {std::nullopt, static_cast<int64_t>(e->workspace_size(g))};
+        return check_kernel(config, a, b, d, g);
 #else
         (void)config; (void)a; (void)b; (void)d; (void)mm; (void)n; (void)k; (void)splits;
         (void)sm_count; (void)has_bias; (void)swizzle; (void)raster;
@@ -196,18 +191,13 @@ NB_MODULE(_gmma_ext, m) {
             config.rfind("sm90_mxf8_", 0) != 0)
           return {std::string("not an MX / NVFP4 block-scaled kernel: '") + config + "'", 0};
         if (sf_vec != 16 && sf_vec != 32) return {std::string("sf_vec must be 16 or 32"), 0};
-        const jax_gmma::KernelEntry* e =
-            jax_gmma::find_kernel(config.c_str(), parse_dtype(a), parse_dtype(b), parse_dtype(d));
-        if (!e) return {std::string("no kernel '") + config + "' for " + a + " x " + b + " -> " + d, 0};
         jax_gmma::GemmArgs g;
         g.m = mm; g.n = n; g.k = k;
         g.splits = 1; g.sm_count = sm_count;
-        static float dummy = 1.f;  // never dereferenced on the host
-        g.a_sf = g.b_sf = &dummy;
-        g.a_global_scale = g.b_global_scale = has_global ? &dummy : nullptr;
-        g.bias = has_bias ? &dummy : nullptr;
-        if (const char* msg = e->can_implement(g)) return {std::string(msg), 0};
-        return {std::nullopt, static_cast<int64_t>(e->workspace_size(g))};
+        g.a_sf = g.b_sf = &dummy_scale;
+        g.a_global_scale = g.b_global_scale = has_global ? &dummy_scale : nullptr;
+        g.bias = has_bias ? &dummy_scale : nullptr;
+        return check_kernel(config, a, b, d, g);
 #else
         (void)config; (void)a; (void)b; (void)d; (void)mm; (void)n; (void)k; (void)sf_vec;
         (void)sm_count; (void)has_bias; (void)has_global;

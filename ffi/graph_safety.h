@@ -17,7 +17,7 @@
 #define JAX_GMMA_GRAPH_SAFE_TRAITS {xla::ffi::Traits::kCmdBufferCompatible}
 
 // Counts one handler execution as captured (inside a CUDA graph capture) or eager; defined in
-// ffi/gmma_ffi.cc, read by _gmma_ext.capture_stats().
+// ffi/common.cc, read by _gmma_ext.capture_stats().
 extern "C" void jax_gmma_count_execution(bool captured);
 
 // The execute path's one stream query: is the stream capturing? Counts the execution as

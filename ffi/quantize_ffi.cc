@@ -1,28 +1,20 @@
 // XLA FFI handler of the activation quantization kernel (cpp/sm90_fp8_quantize.cu), target
-// "jax_gmma_fp8_quantize" (typed FFI, CUDA platform; jax_gmma/quantize_kernel.py lowers to it).
+// "jax_gmma_fp8_quantize" (typed FFI, CUDA platform; the quantize primitive of jax_gmma lowers to it).
 //
 // Graph safety (the rules of ffi/graph_safety.h, shared by every handler): the execute path
 // takes the stream from the platform context and asks it nothing but cudaStreamIsCapturing
 // (cudaStreamGetDevice on a capturing stream would invalidate the capture), needs no device,
 // no one-time setup and no workspace, and enqueues exactly one kernel launch: no
 // synchronization, no allocation, no device-to-host copy.
-#include <cstdint>
-#include <string>
-
-#include <cuda_runtime_api.h>
-
+#include "common.h"
 #include "jax_gmma/quantize_api.h"
-#include "xla/ffi/api/ffi.h"
-#include "graph_safety.h"
-
-namespace ffi = xla::ffi;
 
 namespace jax_gmma {
 namespace {
 
-ffi::Error invalid(const std::string& msg) {
-  return ffi::Error(ffi::ErrorCode::kInvalidArgument, "jax_gmma_fp8_quantize: " + msg);
-}
+using namespace ffi_common;
+
+ffi::Error invalid(std::string_view msg) { return fail("jax_gmma_fp8_quantize", msg); }
 
 // Operand: x (M, K) bfloat16 / float16 / float32, row-major. Results: data (M, Kp)
 // float8_e4m3fn; scales (M, Kp / block) float32 (block 128, "fp8_1x128") or float8_e8m0fnu /
@@ -71,7 +63,7 @@ ffi::Error Fp8QuantizeImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ff
 #if !defined(JAX_GMMA_HAVE_SM90)
   (void)stream;
   (void)in_dtype;
-  return invalid("this build has no sm_90a kernels (JAX_GMMA_CUDA_ARCHS lacks 90a)");
+  return invalid(kNoSm90);
 #else
   if (m == 0) return ffi::Error::Success();
 
@@ -82,9 +74,7 @@ ffi::Error Fp8QuantizeImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ff
   const cudaError_t err =
       jax_gmma_fp8_quantize_ex(x.untyped_data(), in_dtype, m, k, block, div_mode, scale_layout,
                                data->untyped_data(), scales->untyped_data(), stream);
-  if (err != cudaSuccess)
-    return ffi::Error::Internal(std::string("jax_gmma_fp8_quantize: kernel launch failed: ") +
-                                cudaGetErrorString(err));
+  if (err != cudaSuccess) return cuda_fail("jax_gmma_fp8_quantize: kernel launch failed", err);
   return ffi::Error::Success();
 #endif
 }
@@ -103,7 +93,4 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxGmmaFp8Quantize, jax_gmma::Fp8QuantizeImpl,
                                   .Attr<int32_t>("scale_layout"),
                               JAX_GMMA_GRAPH_SAFE_TRAITS);
 
-// The handler's address for the nanobind module (which does not include the XLA headers).
-extern "C" __attribute__((visibility("default"))) void* jax_gmma_fp8_quantize_handler() {
-  return reinterpret_cast<void*>(&JaxGmmaFp8Quantize);
-}
+JAX_GMMA_EXPORT_HANDLER(jax_gmma_fp8_quantize_handler, JaxGmmaFp8Quantize)

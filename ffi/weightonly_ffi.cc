@@ -2,28 +2,20 @@
 // cpp/sm90_fp6_gemm_weightonly.cu) and of the weight unpack kernel of the prefill path (same
 // files): jax_gmma_weightonly_gemm and jax_gmma_weightonly_unpack.
 //
-// Graph safety (same rules as ffi/gmma_ffi.cc): the stream comes from the platform context and
+// Graph safety (the rules of ffi/graph_safety.h): the stream comes from the platform context and
 // is only asked whether it is capturing; the execute path enqueues one kernel launch (static
 // shared memory, no attribute to set, no workspace, no memset) and never synchronizes or
 // copies to the host -- the scales are read by the kernel.
-#include <cstdint>
-#include <string>
-#include <string_view>
-
-#include <cuda_runtime_api.h>
-
+#include "common.h"
 #include "jax_gmma/weightonly_api.h"
-#include "xla/ffi/api/ffi.h"
-#include "graph_safety.h"
-
-namespace ffi = xla::ffi;
 
 namespace jax_gmma {
 namespace {
 
-ffi::Error bad(std::string msg) {
-  return ffi::Error(ffi::ErrorCode::kInvalidArgument, "jax_gmma_weightonly_gemm: " + msg);
-}
+using namespace ffi_common;
+
+ffi::Error bad(std::string_view msg) { return fail("jax_gmma_weightonly_gemm", msg); }
+ffi::Error bad_unpack(std::string_view msg) { return fail("jax_gmma_weightonly_unpack", msg); }
 
 // The prepared weight both handlers take: uint8 codes and scale codes of an (N, K) weight
 // (K the padded K) in format scale_kind. nullptr when they match, else the reason.
@@ -62,11 +54,8 @@ ffi::Error WeightOnlyGemmImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuf
   if (has_x_scale && (x_scale.element_type() != ffi::DataType::F32 ||
                       static_cast<int64_t>(x_scale.element_count()) != m))
     return bad("x_scale must be float32 (M,)");
-  if (has_global && (w_global.element_type() != ffi::DataType::F32 || w_global.element_count() != 1))
-    return bad("w_global must be float32 (1,)");
-  if (has_bias && (bias.element_type() != d->element_type() ||
-                   static_cast<int64_t>(bias.element_count()) != n))
-    return bad("bias must be (N,) in the output dtype");
+  if (has_global && !is_f32_scalar(w_global)) return bad("w_global must be float32 (1,)");
+  if (auto e = check_bias(bias, *d, has_bias, n); !e.empty()) return bad(e);
 
   WoArgs a;
   a.m = m;
@@ -85,20 +74,16 @@ ffi::Error WeightOnlyGemmImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuf
   a.tokens_per_cta = tokens;
   a.k_warps = k_warps;
 #if !defined(JAX_GMMA_HAVE_SM90)
-  return bad("this build has no sm_90a kernels (JAX_GMMA_CUDA_ARCHS lacks 90a)");
+  (void)stream;
+  return bad(kNoSm90);
 #else
   if (const char* why = weightonly_check(a)) return bad(why);
 
   if (!jax_gmma_note_execution(stream)) return ffi::Error::Internal("cudaStreamIsCapturing failed");
   if (cudaError_t err = weightonly_run(a, stream); err != cudaSuccess)
-    return ffi::Error::Internal(std::string("jax_gmma: weight-only GEMM launch failed: ") +
-                                cudaGetErrorString(err));
+    return cuda_fail("jax_gmma: weight-only GEMM launch failed", err);
   return ffi::Error::Success();
 #endif
-}
-
-ffi::Error bad_unpack(std::string msg) {
-  return ffi::Error(ffi::ErrorCode::kInvalidArgument, "jax_gmma_weightonly_unpack: " + msg);
 }
 
 // Operands: w_packed u8, w_scales u8 (prepared layouts of an (N, Kp) weight), row_exp s32 (N,)
@@ -130,14 +115,14 @@ ffi::Error WeightOnlyUnpackImpl(cudaStream_t stream, ffi::AnyBuffer w_packed,
   a.out = out->untyped_data();
   a.out_fp8 = fp8;
 #if !defined(JAX_GMMA_HAVE_SM90)
-  return bad_unpack("this build has no sm_90a kernels (JAX_GMMA_CUDA_ARCHS lacks 90a)");
+  (void)stream;
+  return bad_unpack(kNoSm90);
 #else
   if (const char* why = weightonly_unpack_check(a)) return bad_unpack(why);
 
   if (!jax_gmma_note_execution(stream)) return ffi::Error::Internal("cudaStreamIsCapturing failed");
   if (cudaError_t err = weightonly_unpack_run(a, stream); err != cudaSuccess)
-    return ffi::Error::Internal(std::string("jax_gmma: weight-only unpack launch failed: ") +
-                                cudaGetErrorString(err));
+    return cuda_fail("jax_gmma: weight-only unpack launch failed", err);
   return ffi::Error::Success();
 #endif
 }
@@ -164,9 +149,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxGmmaWeightOnlyGemm, jax_gmma::WeightOnlyGemmImp
                                   .Attr<bool>("has_bias"),
                               JAX_GMMA_GRAPH_SAFE_TRAITS);
 
-extern "C" __attribute__((visibility("default"))) void* jax_gmma_weightonly_gemm_handler() {
-  return reinterpret_cast<void*>(&JaxGmmaWeightOnlyGemm);
-}
+JAX_GMMA_EXPORT_HANDLER(jax_gmma_weightonly_gemm_handler, JaxGmmaWeightOnlyGemm)
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxGmmaWeightOnlyUnpack, jax_gmma::WeightOnlyUnpackImpl,
                               ffi::Ffi::Bind()
@@ -178,6 +161,4 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxGmmaWeightOnlyUnpack, jax_gmma::WeightOnlyUnpac
                                   .Attr<int32_t>("scale_kind"),
                               JAX_GMMA_GRAPH_SAFE_TRAITS);
 
-extern "C" __attribute__((visibility("default"))) void* jax_gmma_weightonly_unpack_handler() {
-  return reinterpret_cast<void*>(&JaxGmmaWeightOnlyUnpack);
-}
+JAX_GMMA_EXPORT_HANDLER(jax_gmma_weightonly_unpack_handler, JaxGmmaWeightOnlyUnpack)

@@ -9,6 +9,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <string_view>
 
 #include <cuda_runtime_api.h>
 
@@ -87,6 +89,11 @@ inline int64_t mx_sf_word_offset(int64_t r, int64_t j, int64_t k_atoms) {
 // Leading dimension of a block-scale matrix with `rows` rows (see GemmArgs): 16-byte columns.
 inline int64_t block_scale_ld(int64_t rows) { return (rows + 3) / 4 * 4; }
 
+// The block-scale leading dimensions of a "blockwise_1d2d_*" / "blockwise_1d1d_*" kernel for an
+// (M, N) problem (rows of A: M; rows of B: ceil(N / 128) for 1d2d, N for 1d1d); false when
+// `config` names no block-scaled kernel.
+bool blockwise_scale_lds(std::string_view config, int64_t m, int64_t n, int64_t* ld_a, int64_t* ld_b);
+
 // One compiled kernel: a (config, A dtype, B dtype, D dtype) combination.
 struct KernelEntry {
   const char* config;  // config name, e.g. "sm90_fp8_tensorwise_128x256x128_c2x1_coop_2lvl"
@@ -110,6 +117,10 @@ const KernelEntry* kernel_table(int* count);
 
 // Finds a kernel; nullptr if absent.
 const KernelEntry* find_kernel(const char* config, DType a, DType b, DType d);
+
+// Why find_kernel found nothing: "no kernel '<config>' for <a> x <b> -> <d> in this build", and
+// for a kernel that is compiled only on request (JAX_GMMA_EXTRA_KERNELS), how to get it.
+std::string missing_kernel_message(const char* config, DType a, DType b, DType d);
 
 // Runs entry->prepare() once per (entry, device); cheap afterwards. Thread-safe.
 cudaError_t ensure_prepared(const KernelEntry* entry, int device);

@@ -17,7 +17,7 @@
 namespace jax_gmma {
 namespace wo_detail {
 
-// Measurement hook of tools/bench_weightonly_kernel.cu (the library never sets it; results are
+// Measurement hook of benchmarks/kernels/bench_weightonly_kernel.cu (the library never sets it; results are
 // wrong when it is nonzero): 1 = one 8-token MMA per k16 slice (the others and their activation
 // loads dropped), 2 = every 8-token tile multiplies tile 0's activations (their loads dropped).
 // Accumulators start at distinct values so that no MMA chain is merged with another.
@@ -275,7 +275,7 @@ struct WoCtaShape {
   int rs, nt, wk, wr;
   constexpr int rows() const { return 16 * rs * wr; }
 };
-// Tuning builds of tools/bench_weightonly_kernel.cu try other tables (the library never sets
+// Tuning builds of benchmarks/kernels/bench_weightonly_kernel.cu try other tables (the library never sets
 // it): `-include shapes.h` with `#define JAX_GMMA_WO_CTA_SHAPES` and the rows (rs, nt, wk, wr
 // each; nvcc splits a -D value at its commas, hence the header). tests/test_weightonly.py reads
 // the rows below.
@@ -285,7 +285,7 @@ constexpr WoCtaShape kWoCtaShapes[] = {
 #else
     // 8 warps along K (the original shapes: 16 / 32 / 64 rows x 8 / 16 tokens)
     {1, 1, 8, 1}, {1, 2, 8, 1}, {2, 1, 8, 1}, {2, 2, 8, 1}, {4, 1, 8, 1}, {4, 2, 8, 1},
-    // the weightonly_pick shapes with other K splits (tools/bench_weightonly_kernel.cu)
+    // the weightonly_pick shapes with other K splits (benchmarks/kernels/bench_weightonly_kernel.cu)
     {1, 1, 16, 1}, {1, 1, 4, 1}, {1, 2, 4, 1}, {2, 2, 4, 1}, {2, 2, 2, 1}, {1, 2, 2, 4},
     {1, 1, 2, 1},
 #endif

@@ -1,8 +1,0 @@
-// sm90 FP8 tensorwise GEMMs, e5m2e4m3 -> f32, decode (swap-AB) configs. See sm90_fp8_gemm_tensorwise.cuh.
-#include "sm90_fp8_gemm_tensorwise_inst.cuh"
-
-namespace jax_gmma {
-int sm90_fp8_tensorwise_e5m2e4m3_f32_decode_entries(KernelEntry* out) {
-  return sm90::tensorwise_decode_entries<DType::kF8E5M2, DType::kF8E4M3, DType::kF32>(out);
-}
-}  // namespace jax_gmma
