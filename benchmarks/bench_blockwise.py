@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Block-scaled FP8 GEMM benchmark (issue #3): jax_gmma.blockwise_gemm against its peers, side by
+"""Block-scaled FP8 GEMM benchmark: jax_gmma.blockwise_gemm against its peers, side by
 side, one process.
 
     python3 -P benchmarks/bench_blockwise.py --suite {smoke,large,decode,quant,all}
         [--out DIR] [--repeats N] [--repeat-ms MS] [--no-torch] [--no-plot]
 
 Writes DIR/bench_blockwise.json (every measurement), DIR/bench_blockwise.md (tables and the
-issue's bars) and DIR/bench_blockwise.png (time of each impl / time of ours_1d2d; only when
+target bars) and DIR/bench_blockwise.png (time of each impl / time of ours_1d2d; only when
 matplotlib is importable), and prints the tables. Exit status as bench_fp8.py: 1 when a
 correctness check of ours fails or a shape crashes (after writing everything), 2 on bad usage.
 A failing peer is noted, not fatal. Timing loop, L2 rotation, JSON/markdown conventions and the
@@ -19,7 +19,7 @@ Implementations ("impl"; every one has bf16 output)
                    splits (jax_gmma.blockwise_configs.select_blockwise_config) are recorded.
   ours_pertensor   jax_gmma.fp8_gemm(a, b, sa, sb, out_dtype=bf16), default two-level accumulation,
                    on the same source values quantized with one scale per tensor ("fp8_tensor"):
-                   our tensorwise kernel, the issue's reference point. In decode chains the
+                   our tensorwise kernel, the reference point. In decode chains the
                    activation is quantized per token ("fp8_channel", sa of shape (M,)).
   xla_fp8          the per-tensor fp8 operands straight into lax.dot_general(..., precision=HIGHEST,
                    preferred_element_type=bf16), times sa * sb (bench_fp8's xla_fp8_precise: XLA's
@@ -72,7 +72,7 @@ Suites
           independent operations on distinct inputs (so JAX's per-call dispatch, ~20-25 us for a
           call returning a QuantizedArray, is amortized and inputs rotate past L2); times are
           per operation. Bar: quantize <= 15% of the GEMM. On a Hopper GPU quantize runs the CUDA kernel
-          (jax_gmma.quantize_kernel; "path" says which ran, and its output is checked bit for bit
+          (jax_gmma.ops.quantize; "path" says which ran, and its output is checked bit for bit
           against the pure-JAX path); there the pure-JAX path (quantize(..., use_kernel=False))
           is timed too, as quantize_1x128_jax. Also: the per-token (fp8_channel) quantize, and
           quantize + GEMM in one jitted function (what XLA makes of the pair).
@@ -122,9 +122,11 @@ import jaxlib  # noqa: E402
 from jax import lax  # noqa: E402
 
 import jax_gmma  # noqa: E402
-from jax_gmma import _backend, blockwise_configs as bwc, shapes as gshapes  # noqa: E402
+from jax_gmma import _backend  # noqa: E402
+from jax_gmma.ops import blockwise_configs as bwc  # noqa: E402
+from jax_gmma.numerics import shapes as gshapes  # noqa: E402
 try:  # the activation-quantization kernel (absent from an older installed jax_gmma)
-  from jax_gmma import quantize_kernel as _qk  # noqa: E402
+  from jax_gmma.ops import quantize as _qk  # noqa: E402
 except ImportError:  # pragma: no cover
   _qk = None
 
@@ -156,7 +158,7 @@ SMOKE_DECODE_BUDGET = 1 << 20
 SMOKE_QUANT = (256, 512, (256,))
 SMOKE_SETS = 3
 
-#: The issue's bars (reported in the markdown and the JSON, never an exit status).
+#: The target bars (reported in the markdown and the JSON, never an exit status).
 BAR_VS_TORCH, GOAL_VS_TORCH = 1.0, 1.15
 BAR_VS_JNN_LARGE = 2.0  # at 8192^3
 BAR_DECODE_VS_PERT = 1.15  # t_ours_1d2d / t_ours_pertensor <=
@@ -221,7 +223,7 @@ def q_mx(x):
   """(rows, K) -> MXFP8 (1, rows, K) float8_e4m3fn, (1, rows, K/32) float8_e8m0fnu."""
   if _MXQ is not None:
     return _MXQ(x.reshape(1, *x.shape))
-  from jax_gmma.quantize import to_jax_scaled_matmul_inputs
+  from jax_gmma.ops.quantize import to_jax_scaled_matmul_inputs
   d, s, _ = to_jax_scaled_matmul_inputs(jax_gmma.quantize(x, "mxfp8"))
   return d, s
 
@@ -812,7 +814,7 @@ def _quant_gemm(x, b, sb):
 # -- reports --------------------------------------------------------------------------------
 
 def bars(rows):
-  """The issue's bars, evaluated on the measured rows (not on smoke rows: tiny shapes)."""
+  """The target bars, evaluated on the measured rows (not on smoke rows: tiny shapes)."""
   out = []
   rows = [r for r in rows if r["suite"] != "smoke"]
   for r in rows:
@@ -924,7 +926,7 @@ def markdown(meta, rows, notes, failures, bar_rows) -> str:
                    f"{added} |")
     L.append("")
   if bar_rows:
-    L += ["## The issue's bars", "", "| where | what | value | bar | met |", "|---|---|---|---|---|"]
+    L += ["## The target bars", "", "| where | what | value | bar | met |", "|---|---|---|---|---|"]
     for b in bar_rows:
       met = "yes" if b["met"] else "**no**"
       if "goal_met" in b:
@@ -968,7 +970,7 @@ def parse_args(argv=None):
   p.add_argument("--impls", default="", type=lambda v: [c for c in v.split(",") if c],
                  help=f"run only these implementations (comma list of {', '.join(IMPLS)}; default all)")
   p.add_argument("--shapes", default="", type=lambda v: [c for c in v.split(",") if c],
-                 help="large suite: only these MxNxK shapes (comma list; default the issue's list)")
+                 help="large suite: only these MxNxK shapes (comma list; default the target list)")
   p.add_argument("--decode-ms", default="", type=lambda v: [int(c) for c in v.split(",") if c],
                  help="decode suite: these M (default 1,16,64,128)")
   p.add_argument("--mx-configs", default="", type=lambda v: [c for c in v.split(",") if c],
@@ -1013,8 +1015,8 @@ def main(argv=None) -> int:
           file=sys.stderr)
     return 2
   if run.on_gpu and not _backend.reference_allowed():
-    from jax_gmma import blockwise as _bw
-    if not _backend.kernels_built() or not _bw._has_blockwise_kernels():
+    from jax_gmma.ops import blockwise as _bw
+    if not _backend.kernels_built() or not _bw.has_kernels():
       print("jax_gmma has no block-scaled CUDA kernels here (see `python -m jax_gmma info`); "
             "refusing to benchmark the reference path on a GPU", file=sys.stderr)
       return 2

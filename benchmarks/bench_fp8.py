@@ -61,9 +61,8 @@ Methodology
   * GEMMs per call (large suite): one jitted call runs one GEMM on each of the input sets below
     (independent GEMMs, each its own operands), and the time per call is divided by their
     count, so the per-executable dispatch cost of JAX (which in single-GEMM calls differed
-    between ours and XLA's by a few us per call, session 11) is amortized as for in-JAX
-    numbers elsewhere; --single-call times one GEMM per jitted call instead (the method of
-    sessions 1-10). Smoke shapes and the torch peer time one GEMM per call.
+    between ours and XLA's by a few us per call) is amortized as for in-JAX
+    numbers elsewhere; --single-call times one GEMM per jitted call instead (the older method). Smoke shapes and the torch peer time one GEMM per call.
   * L2 rotation: GEMM shapes cycle through max(3, ceil(200 MB / operand bytes)) distinct input
     sets (at most 16), so consecutive calls never find their operands in the 60 MB L2. Smoke
     shapes use 3 small sets and are L2-resident: smoke numbers check plumbing, not performance.
@@ -122,7 +121,9 @@ try:
 except ImportError:  # run from a checkout without PYTHONPATH
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   import jax_gmma
-from jax_gmma import _backend, blockwise_configs as gbwc, configs as gcfg, shapes as gshapes
+from jax_gmma import _backend
+from jax_gmma.ops import blockwise_configs as gbwc, tensorwise_configs as gcfg  # noqa: E402
+from jax_gmma.numerics import shapes as gshapes  # noqa: E402
 
 F8 = jnp.float8_e4m3fn
 BF16 = jnp.bfloat16
@@ -562,7 +563,7 @@ def bench_gemm(run: Run, suite: str, m: int, n: int, k: int, max_sets: int = MAX
 
 def warm_gpu(seconds=1.0):
   """Brings the clocks up before the first timed row: idle clocks skewed the first row of a
-  run (session 7: M = 1, N = K = 8192 two-level 30.0 us first, the same kernel 24.6 us next)."""
+  run (H200: M = 1, N = K = 8192 two-level 30.0 us first, the same kernel 24.6 us next)."""
   x = jnp.ones((8192, 8192), jnp.bfloat16)
   f = jax.jit(lambda x: x @ x)
   t0 = time.perf_counter()

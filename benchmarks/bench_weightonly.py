@@ -26,14 +26,13 @@ Implementations (same process, same run; every one gets bf16 activations in and 
 
 Decode suite: chains of 32 dependent GEMMs per jitted call (x_{i+1} is made from out_i, so XLA
 cannot merge calls: by default the first M*K elements of out_i, a contiguous prefix that costs no
-kernel; --glue columns takes out_i[:, :K] as before session 12, a copy kernel per step for the
+kernel; --glue columns takes out_i[:, :K] (the older method), a copy kernel per step for the
 bf16-input impls when M > 1 and N > K), cycling over enough distinct weight copies to exceed the
-60 MB L2; the impls of one (shape, M) timed in --rounds interleaved rounds (one impl after the
-other before session 26); reported per GEMM, with the streamed weight bytes per second (FP4:
+60 MB L2; the impls of one (shape, M) timed in --rounds interleaved rounds (not one impl after the
+other); reported per GEMM, with the streamed weight bytes per second (FP4:
 packed codes + scale codes) and the kernel-launching ops per chain (32 when the glue adds none). --decode-shapes /
 --decode-ms narrow the suite. Prefill suite: single GEMMs at M = 4096, distinct weights rotated,
-the impls timed in --rounds interleaved rounds (sequentially, one impl after the other, before
-session 18).
+the impls timed in --rounds interleaved rounds (not sequentially, one impl after the other).
 """
 from __future__ import annotations
 
@@ -58,7 +57,7 @@ import numpy as np  # noqa: E402
 from jax import lax  # noqa: E402
 
 import jax_gmma  # noqa: E402
-from jax_gmma import weightonly as wo  # noqa: E402
+from jax_gmma.ops import weightonly as wo  # noqa: E402
 
 CHAIN = 32
 L2_BYTES = 60e6
@@ -98,7 +97,7 @@ def _to_k(y, k, glue="prefix"):
   """Next chain input (M, K) bf16 from out (M, N).
 
   ``prefix`` (default): for N >= K the first M * K elements of out, a contiguous prefix of its
-  buffer that XLA passes on without a copy; ``columns`` (the method before session 12):
+  buffer that XLA passes on without a copy; ``columns`` (the older method):
   out[:, :K], a strided slice that takes a copy kernel between the GEMMs for M > 1 -- which the
   FP8 impls fuse into their cast to FP8 and the bf16-input impls (ours weight-only, bf16, XLA
   dequantize) pay as an extra kernel per step. N < K: out tiled along N, then cut (both glues).
@@ -216,8 +215,7 @@ def bench_decode(args, rows, fails, shapes, ms, impls):
   """Decode chains per (N, K) and M: every impl's weights made first, every chain compiled and
   its single GEMM checked against a float64 reference, then all chains timed in
   ``args.rounds`` interleaved rounds (bench_fp8.time_rounds), so that the ratios between impls
-  (FP6 vs our FP8, FP4 vs XLA's FP8) come from the same clocks and temperature; before session
-  26 each impl was timed on its own, one after the other."""
+  (FP6 vs our FP8, FP4 vs XLA's FP8) come from the same clocks and temperature; no impl is timed on its own, one after the other."""
   key = jax.random.PRNGKey(0)
   for n, k in shapes:
     weights = {}
@@ -367,7 +365,7 @@ def main(argv=None):
                       "prefill suite only")
   p.add_argument("--glue", choices=GLUES, default="prefix",
                  help="decode chains: how out (M, N) becomes the next x (M, K) (see _to_k; "
-                      "'columns' is the method before session 12)")
+                      "'columns' is the older method)")
   p.add_argument("--decode-shapes", type=_nk_list, default=DECODE_SHAPES,
                  help="decode suite: N:K list, e.g. 28672:8192,8192:8192 (as bench_fp8.py)")
   p.add_argument("--decode-ms", type=_int_list, default=DECODE_MS,

@@ -38,7 +38,9 @@ if _HERE not in sys.path:  # `python -P` does not put the script's directory on 
   sys.path.insert(0, _HERE)
 
 import jax_gmma  # noqa: E402
-from jax_gmma import _backend, configs, shapes  # noqa: E402
+from jax_gmma import _backend  # noqa: E402
+from jax_gmma.ops import tensorwise_configs as configs  # noqa: E402
+from jax_gmma.numerics import shapes  # noqa: E402
 # XLA's FP8 GEMM as bench_fp8.py times it (the reference rows).
 from bench_fp8 import warm_gpu, xla_fp8_gemm, xla_fp8_precise_gemm  # noqa: E402
 
@@ -110,7 +112,7 @@ def sweep_shape(m, n, k, repeats, sm_count, pattern=None, orders=((None, None),)
     rows.append(dict(m=m, n=n, k=k, config=name, splits=1, us=t * 1e6,
                      tflops=2 * m * n * k / t / 1e12, weight_gbs=n * k / t / 1e9,
                      pick=False, pick_fast=False, reference=True))
-  for cfg, s in candidates(m, pattern, with_sweep=_backend.sweep_kernels_built()):
+  for cfg, s in candidates(m, pattern, with_sweep=configs.sweep_kernels_built()):
     heuristic = configs.select_tile_order(prob, cfg)
     for order in orders:
       # None = the heuristic's (swizzle, raster), the tile order production runs.
@@ -162,7 +164,7 @@ def main():
   lines = [f"# sweep ({args.suite}) on {dev.device_kind}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
            "", "µs per GEMM (median); `x best` = time / best time of the shape; "
            "pick = the heuristic's choice (two-level / fast accumulation).", ""]
-  if not _backend.sweep_kernels_built():
+  if not configs.sweep_kernels_built():
     note = ("sweep-only kernels (pinned stages, candidate tiles) not built: production configs only; "
             "reinstall with JAX_GMMA_SWEEP_KERNELS=1 for them")
     print(note, flush=True)

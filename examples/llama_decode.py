@@ -19,7 +19,7 @@ Each *format* is a separate model variant of the same master weights:
   the activation quantized per token in plain jnp, both fp8 operands straight into
   ``lax.dot_general(x_fp8, w_fp8, (((1,), (1,)), ((), ())), preferred_element_type=bf16)``
   (what XLA rewrites to a cuBLASLt FP8 GEMM on Hopper), then the scales multiplied in.
-* ``fp8_channel``, ``fp8_tensor`` (any format in ``jax_gmma.api.DOT_WEIGHT_FORMATS``): the weight
+* ``fp8_channel``, ``fp8_tensor`` (any format in ``jax_gmma.ops.tensorwise.WEIGHT_FORMATS``): the weight
   quantized once with ``jax_gmma.quantize(w, fmt)``, every call ``jax_gmma.dot(x, w_q)`` (x bf16,
   quantized per token on the fly; bf16 out). The CUTLASS kernel on Hopper, the pure-JAX
   reference elsewhere.
@@ -29,7 +29,7 @@ Each *format* is a separate model variant of the same master weights:
   dequantized on every call (per token for FP8 per-tensor/per-channel weights, 1x128 for 128x128
   weights, the same format for MX/NVFP4), and a float32 dot multiplies them. It shows what the
   format's rounding does to the model; its speed is not a kernel's speed.
-* ``wo:nvfp4``, ``wo:mxfp4`` (any format in ``jax_gmma.weightonly.FORMATS``): FP4 *weight-only*
+* ``wo:nvfp4``, ``wo:mxfp4`` (any format in ``jax_gmma.weightonly.WEIGHT_FORMATS``): FP4 *weight-only*
   GEMMs. The weight is quantized once and laid out for the Hopper kernel
   (``jax_gmma.weightonly.prepare(w, fmt)``, N a multiple of 16), every call is
   ``jax_gmma.dot(x, w_p)`` with the bf16 activation as is (no activation quantization; bf16
@@ -136,7 +136,7 @@ class LlamaConfig:
 
   def check_gemm_shapes(self) -> None:
     """jax_gmma.dot (and TMA) need K % 16 == 0 and N % 8 == 0 for every GEMM."""
-    from jax_gmma import shapes
+    from jax_gmma.numerics import shapes
     for name, (n, k) in self.linear_shapes().items():
       if k % shapes.K_ALIGN or n % shapes.N_ALIGN:
         raise ValueError(f"{name}: (N, K) = ({n}, {k}); jax_gmma GEMMs need K % {shapes.K_ALIGN}"
@@ -145,7 +145,7 @@ class LlamaConfig:
 
   def check_weightonly_shapes(self) -> None:
     """The FP4 weight-only kernel (wo:FMT) needs N % 16 == 0 (its 16-row tiles; K is padded)."""
-    from jax_gmma import weightonly
+    from jax_gmma.ops import weightonly
     for name, (n, k) in self.linear_shapes().items():
       if n % weightonly.TILE_ROWS:
         raise ValueError(f"{name}: (N, K) = ({n}, {k}); the FP4/FP6 weight-only GEMM (wo:FMT) needs "

@@ -11,7 +11,7 @@ Each quantized *method* replaces the six Linears of every layer (Q, K, V, attent
 intermediate, output dense; not the embeddings or LayerNorms) and is compared with the float32
 model over the sentences of ``examples/sentences.txt``:
 
-* ``fp8_tensor``, ``fp8_channel`` (any format in ``jax_gmma.api.DOT_WEIGHT_FORMATS``): a real FP8
+* ``fp8_tensor``, ``fp8_channel`` (any format in ``jax_gmma.ops.tensorwise.WEIGHT_FORMATS``): a real FP8
   GEMM. The (N, K) weight is quantized once with ``jax_gmma.quantize(w, fmt)``; the layer is
   ``jax_gmma.dot(x, w_q, bias=b)`` (x quantized per token to float8_e4m3fn on the fly). On a
   Hopper GPU with the kernels built this is the CUTLASS kernel; elsewhere the pure-JAX reference.
@@ -19,14 +19,14 @@ model over the sentences of ``examples/sentences.txt``:
   activation are quantized and immediately dequantized (``jax_gmma.quantize`` +
   ``jax_gmma.dequantize``) and multiplied with a float32 dot. It shows what the format's rounding
   does to the model before a kernel exists (the block-scaled formats: mxfp8, nvfp4, mxfp4, mxfp6).
-* ``wo:nvfp4``, ``wo:mxfp4`` (any format in ``jax_gmma.weightonly.FORMATS``): a real FP4
+* ``wo:nvfp4``, ``wo:mxfp4`` (any format in ``jax_gmma.weightonly.WEIGHT_FORMATS``): a real FP4
   *weight-only* GEMM. The weight is quantized once and laid out for the Hopper kernel
   (``jax_gmma.weightonly.prepare(w, fmt)``); the layer is ``jax_gmma.dot(x_bf16, w_p, bias=b)``
   with bf16 activations (no activation quantization), the result cast back to the run's dtype.
   On a Hopper GPU with the kernels built this is the sm_90a weight-only kernel; elsewhere the
   pure-JAX reference.
 
-When a format gains a GEMM kernel (it appears in ``DOT_WEIGHT_FORMATS``), its plain name runs the
+When a format gains a GEMM kernel (it appears in a family's ``WEIGHT_FORMATS``), its plain name runs the
 kernel with no change here. The three kinds, and the spec grammar, live in
 ``examples/quantized_linear.py`` (shared with ``llama_decode.py``).
 

@@ -4,7 +4,7 @@ A *format spec* names how a Linear ``y = x @ w.T (+ b)`` with an (N, K) = (out, 
 computed. The grammar every example accepts:
 
 * ``FMT``, a weight format ``jax_gmma.dot`` has a GEMM kernel for (``gemm_formats()``, i.e.
-  ``jax_gmma.api.DOT_WEIGHT_FORMATS``: ``fp8_tensor``, ``fp8_channel`` today) -> kind ``"gemm"``.
+  ``jax_gmma.ops.tensorwise.WEIGHT_FORMATS``: ``fp8_tensor``, ``fp8_channel`` today) -> kind ``"gemm"``.
   The weight is quantized once with ``jax_gmma.quantize(w, FMT)``; every call is
   ``jax_gmma.dot(x, w_q, bias=b)`` with x quantized per token to float8_e4m3fn on the fly
   (``x_format = GEMM_ACTIVATION_FORMAT``); the output dtype follows x. The CUTLASS kernel on a
@@ -14,7 +14,7 @@ computed. The grammar every example accepts:
   quantizes and dequantizes the activation in the format ``EMU_ACTIVATION_FORMAT`` pairs with the
   weight format (what its GEMM would consume), and a float32 dot (``Precision.HIGHEST``)
   multiplies them; the bias is added in float32 and the result cast to x's dtype.
-* ``wo:FMT``, FMT in ``jax_gmma.weightonly.FORMATS`` (``weightonly_formats()``: ``nvfp4``,
+* ``wo:FMT``, FMT in ``jax_gmma.weightonly.WEIGHT_FORMATS`` (``weightonly_formats()``: ``nvfp4``,
   ``mxfp4``) -> kind ``"weightonly"``: a real FP4 *weight-only* GEMM. The weight is quantized
   once to FMT and laid out for the Hopper kernel with ``jax_gmma.weightonly.prepare(w, FMT)`` (a
   ``PackedWeight``: FP4 codes and block scales in the kernel's layout); every call is
@@ -55,16 +55,14 @@ EMU_ACTIVATION_FORMAT = {"fp8_tensor": "fp8_channel", "fp8_channel": "fp8_channe
 
 def gemm_formats() -> Tuple[str, ...]:
   """Weight formats ``jax_gmma.dot`` runs as a GEMM in the installed jax-gmma (FP8 per-tensor /
-  per-channel, and the block-scaled fp8_128x128 / fp8_1x128 where the version has them)."""
-  api = jax_gmma.api
-  return (tuple(getattr(api, "DOT_WEIGHT_FORMATS", ("fp8_tensor", "fp8_channel"))) +
-          tuple(getattr(api, "DOT_BLOCKWISE_WEIGHT_FORMATS", ())))
+  per-channel, and the block-scaled fp8_128x128 / fp8_1x128)."""
+  return jax_gmma.ops.tensorwise.WEIGHT_FORMATS + jax_gmma.ops.blockwise.WEIGHT_FORMATS
 
 
 def weightonly_formats() -> Tuple[str, ...]:
   """Weight formats of the FP4/FP6 weight-only GEMM (``wo:FMT``) in the installed jax-gmma
-  (``jax_gmma.weightonly.FORMATS``; empty in a version without it)."""
-  return tuple(getattr(getattr(jax_gmma, "weightonly", None), "FORMATS", ()))
+  (``jax_gmma.weightonly.WEIGHT_FORMATS``)."""
+  return jax_gmma.weightonly.WEIGHT_FORMATS
 
 
 class UnknownFormat(ValueError):

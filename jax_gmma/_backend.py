@@ -12,9 +12,12 @@ import jax
 
 FP8_GEMM_TARGET = "jax_gmma_fp8_gemm"
 FP8_BLOCKWISE_GEMM_TARGET = "jax_gmma_fp8_blockwise_gemm"
-MX_GEMM_TARGET = "jax_gmma_mx_gemm"  # MX / NVFP4 block-scaled GEMMs (jax_gmma/mx.py; MXFP8 on Hopper)
+MX_GEMM_TARGET = "jax_gmma_mx_gemm"  # MX / NVFP4 block-scaled GEMMs (jax_gmma/ops/mx.py; MXFP8 on Hopper)
+WEIGHTONLY_GEMM_TARGET = "jax_gmma_weightonly_gemm"
+WEIGHTONLY_UNPACK_TARGET = "jax_gmma_weightonly_unpack"
+FP8_QUANTIZE_TARGET = "jax_gmma_fp8_quantize"
 #: Compute capabilities (as jax reports them) that have kernels, by built arch (the FP8
-#: tensorwise / blockwise families; the MX / NVFP4 family has its own map, jax_gmma.mx.ARCH_FOR_CC).
+#: tensorwise / blockwise families; the MX / NVFP4 family has its own map, jax_gmma.ops.mx.ARCH_FOR_CC).
 ARCH_FOR_CC = {"9.0": "sm_90a"}
 
 _state = threading.local()
@@ -45,14 +48,6 @@ def ext_import_error() -> Optional[str]:
 def kernels_built() -> bool:
   e = ext()
   return bool(e is not None and e.cuda_built() and e.kernels())
-
-
-def sweep_kernels_built() -> bool:
-  """Whether the library holds the sweep-only kernels (built with JAX_GMMA_SWEEP_KERNELS=1)."""
-  from . import configs
-  e = ext()
-  return bool(kernels_built() and any(
-      k["config"] in configs.CONFIGS and configs.CONFIGS[k["config"]].sweep for k in e.kernels()))
 
 
 def built_archs() -> list:
@@ -129,29 +124,48 @@ class KernelUnavailable(RuntimeError):
   pass
 
 
+REFUSAL = ("Refusing to fall back silently to the slower pure-JAX reference; set "
+           "JAX_GMMA_ALLOW_REFERENCE=1, call jax_gmma.set_allow_reference(True), or trace inside "
+           "`with jax_gmma.allow_reference():` to run it anyway.")
+
+
+def unavailable(op: str, why: str) -> KernelUnavailable:
+  """The error of an op whose kernel cannot run here (``why``) and whose reference path was not
+  allowed: what is missing and the remedy."""
+  return KernelUnavailable(f"jax_gmma.{op}: {why}. {REFUSAL}")
+
+
+def first_cuda_device():
+  """The CUDA device the lowerings plan for (the first one), or None."""
+  devs = cuda_devices()
+  return devs[0] if devs else None
+
+
+def missing_reason(op: str) -> Optional[str]:
+  """Why the FP8 / weight-only kernels cannot run here (no library, no CUDA device, no kernel
+  for its compute capability), or None when they can."""
+  dev = first_cuda_device()
+  if not kernels_built():
+    err = ext_import_error()
+    return ("jax_gmma was installed without CUDA kernels" + (f" ({err})" if err else "") +
+            "; reinstall with nvcc on PATH (JAX_GMMA_CUDA=1)")
+  if dev is None:
+    return "no CUDA device is visible to JAX"
+  if device_cc(dev) not in ARCH_FOR_CC or ARCH_FOR_CC[device_cc(dev)] not in built_archs():
+    return (f"no {op} kernel for compute capability {device_cc(dev)} ({dev.device_kind}); "
+            f"built archs: {', '.join(built_archs()) or 'none'}")
+  return None
+
+
 def check_cuda_kernels(op: str) -> Optional[object]:
   """Returns the CUDA device to plan for, or None when the reference path should be used.
   Raises KernelUnavailable (with the remedy) when there is no kernel and no opt-in."""
-  devs = cuda_devices()
-  dev = devs[0] if devs else None
-  why = None
-  if not kernels_built():
-    err = ext_import_error()
-    why = ("jax_gmma was installed without CUDA kernels" + (f" ({err})" if err else "") +
-           "; reinstall with nvcc on PATH (JAX_GMMA_CUDA=1)")
-  elif dev is None:
-    why = "no CUDA device is visible to JAX"
-  elif device_cc(dev) not in ARCH_FOR_CC or ARCH_FOR_CC[device_cc(dev)] not in built_archs():
-    why = (f"no {op} kernel for compute capability {device_cc(dev)} ({dev.device_kind}); "
-           f"built archs: {', '.join(built_archs()) or 'none'}")
+  why = missing_reason(op)
   if why is None:
-    return dev
+    return first_cuda_device()
   if reference_allowed():
     return None
-  raise KernelUnavailable(
-      f"jax_gmma.{op}: {why}. Refusing to fall back silently to the slower pure-JAX reference; "
-      "set JAX_GMMA_ALLOW_REFERENCE=1, call jax_gmma.set_allow_reference(True), or trace inside "
-      "`with jax_gmma.allow_reference():` to run it anyway.")
+  raise unavailable(op, why)
 
 
 def prepare_devices() -> None:

@@ -12,13 +12,7 @@ from __future__ import annotations
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
-try:
-  from jax._src import core as _core  # ShapedArray(..., manual_axis_type=), ManualAxisType
-  _HAS_MAT = hasattr(_core, "ManualAxisType")
-except ImportError:  # pragma: no cover
-  _core, _HAS_MAT = None, False
-
-from jax.core import ShapedArray
+from ._compat import HAS_MANUAL_AXIS_TYPE, ShapedArray, manual_axis_type
 
 
 def varying(aval) -> frozenset:
@@ -31,10 +25,10 @@ def out_aval(shape, dtype, *avals) -> ShapedArray:
   """ShapedArray(shape, dtype) varying over every manual axis any of ``avals`` varies over."""
   sets = [varying(a) for a in avals]
   union = frozenset().union(*sets)
-  if not union or not _HAS_MAT:
+  if not union or not HAS_MANUAL_AXIS_TYPE:
     return ShapedArray(shape, dtype)
   base = next(a for a, s in zip(avals, sets) if s)
-  mat = _core.ManualAxisType(varying=union, unreduced=frozenset(), reduced=frozenset())
+  mat = manual_axis_type(union)
   sharding = NamedSharding(base.sharding.mesh, PartitionSpec(*([None] * len(shape))))
   return ShapedArray(shape, dtype, sharding=sharding, manual_axis_type=mat)
 

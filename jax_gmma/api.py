@@ -1,4 +1,6 @@
-"""High-level entry points on QuantizedArrays."""
+"""The public entry points on QuantizedArrays / PackedWeights: :func:`dot` (asks the op families
+of :mod:`jax_gmma.ops` which one multiplies the weight) and :func:`scaled_matmul`
+(``jax.nn.scaled_matmul`` on the block-scaled families)."""
 from __future__ import annotations
 
 import functools
@@ -9,23 +11,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from . import _vma, shapes
-from .blockwise import blockwise_gemm
-from .ops import fp8_gemm
-from .quantize import QuantizedArray, quantize
-
-#: Weight formats `dot` runs on a GEMM kernel today.
-DOT_WEIGHT_FORMATS = ("fp8_tensor", "fp8_channel")
-#: How `dot` quantizes a float activation.
-DOT_ACTIVATION_FORMATS = ("fp8_channel", "fp8_tensor")
-#: Block-scaled weight formats: `dot` quantizes the activation to fp8_1x128 and runs the
-#: block-scaled GEMM (jax_gmma.blockwise_gemm).
-DOT_BLOCKWISE_WEIGHT_FORMATS = ("fp8_128x128", "fp8_1x128")
-#: MX / NVFP4 weight formats: `dot` quantizes the activation to the matching format (or to
-#: x_format="mxfp8" for MX weights, e.g. MXFP8 activations x MXFP4 weights) with the swizzled
-#: scale layout and runs jax_gmma.mx.mx_gemm (Blackwell kernels; MXFP8 x MXFP8 also on Hopper;
-#: reference elsewhere).
-DOT_MX_WEIGHT_FORMATS = ("mxfp8", "mxfp6_e2m3", "mxfp6_e3m2", "mxfp4", "nvfp4")
+from . import _backend, _vma, ops
+from .arrays import QuantizedArray
+from .numerics import shapes
+from .numerics.formats import E8M0
+from .ops import mx, tensorwise
+from .ops.blockwise import blockwise_gemm
+from .ops.weightonly import PackedWeight, unpack
 
 
 def dot(x, w: QuantizedArray, *, bias=None, out_dtype=None, x_format: str = "fp8_channel",
@@ -37,9 +29,12 @@ def dot(x, w: QuantizedArray, *, bias=None, out_dtype=None, x_format: str = "fp8
   scale per token/row, the default) or "fp8_tensor". ``out_dtype`` defaults to x's dtype when it
   is bfloat16/float16/float32, else bfloat16.
 
-  Block-scaled weights (formats "fp8_128x128" and "fp8_1x128"): x is quantized to "fp8_1x128"
-  (one scale per token and 128 of K; ``x_format`` and ``fast_accum`` do not apply) and the
-  product runs on :func:`jax_gmma.blockwise_gemm`.
+  The weight picks the op family (``jax_gmma.ops.FAMILIES``, each with the ``WEIGHT_FORMATS``
+  it serves and its own ``dot``). Block-scaled weights (formats "fp8_128x128" and "fp8_1x128"):
+  x is quantized to "fp8_1x128" (one scale per token and 128 of K; ``x_format`` and
+  ``fast_accum`` do not apply) and the product runs on :func:`jax_gmma.blockwise_gemm`. MX /
+  NVFP4 weights: :func:`jax_gmma.mx_gemm` (see ``jax_gmma.ops.mx.dot``). A
+  :class:`~jax_gmma.PackedWeight`: :func:`jax_gmma.weightonly_gemm`.
 
   Differentiable with respect to a float ``x`` and ``bias`` (``jax.grad``, ``jax.vjp``): the
   on-the-fly quantization of x passes gradients straight through, and the weight is a constant
@@ -58,102 +53,15 @@ def dot(x, w: QuantizedArray, *, bias=None, out_dtype=None, x_format: str = "fp8
 
 
 def _dot_impl(x, w, *, bias, out_dtype, x_format, fast_accum, config, splits):
-  from .weightonly import PackedWeight  # noqa: PLC0415
-  if isinstance(w, PackedWeight):
-    return _dot_weightonly(x, w, bias=bias, out_dtype=out_dtype)
+  family = ops.family_for(w)
+  if family is not None:
+    return family.dot(x, w, bias=bias, out_dtype=out_dtype, x_format=x_format,
+                      fast_accum=fast_accum, config=config, splits=splits)
   if not isinstance(w, QuantizedArray):
     raise TypeError("w must be a jax_gmma.QuantizedArray of an (N, K) weight; quantize it once with "
                     "jax_gmma.quantize(w, 'fp8_channel')")
-  if w.format.name in DOT_BLOCKWISE_WEIGHT_FORMATS:
-    return _dot_blockwise(x, w, bias=bias, out_dtype=out_dtype, config=config, splits=splits)
-  if w.format.name in DOT_MX_WEIGHT_FORMATS:
-    return _dot_mx(x, w, bias=bias, out_dtype=out_dtype, x_format=x_format, config=config)
-  if w.format.name not in DOT_WEIGHT_FORMATS:
-    raise ValueError(f"w: format {w.format.name!r} has no GEMM kernel in this version; "
-                     f"supported weight formats: "
-                     f"{', '.join(DOT_WEIGHT_FORMATS + DOT_BLOCKWISE_WEIGHT_FORMATS + DOT_MX_WEIGHT_FORMATS)}")
-  if w.data.ndim != 2:
-    raise ValueError(f"w must be a 2-D (N, K) weight, got data shape {w.data.shape}")
-  if isinstance(x, QuantizedArray):
-    if x.format.name not in DOT_WEIGHT_FORMATS:
-      raise ValueError(f"x: format {x.format.name!r} is not supported by dot; use one of "
-                       f"{', '.join(DOT_ACTIVATION_FORMATS)}")
-    xq = x
-    default_out = shapes.BF16
-  else:
-    x = jnp.asarray(x)
-    if x_format not in DOT_ACTIVATION_FORMATS:
-      raise ValueError(f"x_format must be one of {DOT_ACTIVATION_FORMATS}, got {x_format!r}")
-    default_out = np.dtype(x.dtype) if np.dtype(x.dtype) in shapes.OUT_DTYPES else shapes.BF16
-    xq = quantize(x, x_format, dtype=jnp.float8_e4m3fn)
-  out_dtype = default_out if out_dtype is None else out_dtype
-  return fp8_gemm(xq.data, w.data, xq.scales, w.scales, bias=bias, out_dtype=out_dtype,
-                  fast_accum=fast_accum, config=config, splits=splits)
-
-
-def _dot_blockwise(x, w: QuantizedArray, *, bias, out_dtype, config, splits):
-  """``dot`` for fp8_128x128 / fp8_1x128 weights: x is quantized per token and 128 of K
-  (fp8_1x128, float8_e4m3fn) and multiplied by the block-scaled GEMM. Stored data of both
-  operands is K-padded to a multiple of 128 with zeros, so the padding adds nothing."""
-  if w.data.ndim != 2:
-    raise ValueError(f"w must be a 2-D (N, K) weight, got data shape {w.data.shape}")
-  if isinstance(x, QuantizedArray):
-    if x.format.name != "fp8_1x128":
-      raise ValueError(f"x: format {x.format.name!r} cannot multiply a {w.format.name} weight; "
-                       "use fp8_1x128 (or pass a float x)")
-    xq = x
-    default_out = shapes.BF16
-  else:
-    x = jnp.asarray(x)
-    default_out = np.dtype(x.dtype) if np.dtype(x.dtype) in shapes.OUT_DTYPES else shapes.BF16
-    xq = quantize(x, "fp8_1x128", dtype=jnp.float8_e4m3fn)
-  if xq.k != w.k:
-    raise ValueError(f"contraction mismatch: x has K={xq.k}, w has K={w.k}")
-  out_dtype = default_out if out_dtype is None else out_dtype
-  return blockwise_gemm(xq.data, w.data, xq.scales, w.scales, bias=bias, out_dtype=out_dtype,
-                        config=config, splits=splits)
-
-
-def _dot_mx(x, w: QuantizedArray, *, bias, out_dtype, x_format, config):
-  """``dot`` for MX / NVFP4 weights: a float x (..., K) is flattened to (M, K) and quantized to
-  w's format (``x_format="fp8_channel"``, the default, means "match w"; "mxfp8" gives MXFP8
-  activations for any MX weight) with scales in the swizzled layout, then
-  :func:`jax_gmma.mx.mx_gemm`."""
-  from . import mx  # noqa: PLC0415 (keeps the import graph flat)
-  if isinstance(x, QuantizedArray):
-    return mx.mx_gemm(x, w, bias=bias, out_dtype=shapes.BF16 if out_dtype is None else out_dtype,
-                      config=config)
-  x = jnp.asarray(x)
-  fmt = w.format.name if x_format == "fp8_channel" else x_format
-  if fmt not in DOT_MX_WEIGHT_FORMATS:
-    raise ValueError(f"x_format must be one of {DOT_MX_WEIGHT_FORMATS} for a {w.format.name} weight, "
-                     f"got {x_format!r}")
-  if x.ndim < 1 or x.shape[-1] != w.k:
-    raise ValueError(f"contraction mismatch: x has shape {x.shape}, w has K={w.k}")
-  default_out = np.dtype(x.dtype) if np.dtype(x.dtype) in shapes.OUT_DTYPES else shapes.BF16
-  lead = x.shape[:-1]
-  xq = quantize(x.reshape(-1, x.shape[-1]), fmt, layout=mx.SCALE_LAYOUT)
-  out = mx.mx_gemm(xq, w, bias=bias, out_dtype=default_out if out_dtype is None else out_dtype,
-                   config=config)
-  return out.reshape(*lead, out.shape[-1])
-
-
-def _dot_weightonly(x, w, *, bias, out_dtype):
-  """``dot`` for FP4 / FP6 weights prepared for Hopper (jax_gmma.weightonly.prepare): a float x is
-  multiplied in bfloat16 (float32/float16 inputs are rounded to bf16 first); an FP8
-  QuantizedArray x (fp8_tensor / fp8_channel) is widened to bf16 exactly with its scales."""
-  from .weightonly import weightonly_gemm  # noqa: PLC0415
-  if isinstance(x, QuantizedArray):
-    if x.format.name not in DOT_WEIGHT_FORMATS:
-      raise ValueError(f"x: format {x.format.name!r} cannot multiply FP4/FP6 weights; use fp8_tensor, "
-                       "fp8_channel or a float x")
-    return weightonly_gemm(x.data, w, x_scale=x.scales, bias=bias,
-                           out_dtype=shapes.BF16 if out_dtype is None else out_dtype)
-  x = jnp.asarray(x)
-  default_out = shapes.F32 if np.dtype(x.dtype) == shapes.F32 else shapes.BF16
-  if np.dtype(x.dtype) != shapes.BF16:
-    x = x.astype(jnp.bfloat16)
-  return weightonly_gemm(x, w, bias=bias, out_dtype=default_out if out_dtype is None else out_dtype)
+  raise ValueError(f"w: format {w.format.name!r} has no GEMM kernel in this version; "
+                   f"supported weight formats: {', '.join(ops.QUANTIZED_WEIGHT_FORMATS)}")
 
 
 # -- differentiation ---------------------------------------------------------------------------
@@ -185,16 +93,111 @@ def dx_from_dequantized(g, w):
   """``g @ dequantize(w)`` for g (M, N): one bfloat16 GEMM with float32 accumulation, float32
   (M, K). Per-channel / per-tensor / global scales are folded into g (float32, then one bf16
   rounding) so that the weight operand is exact in bf16 where the format allows."""
-  from .weightonly import PackedWeight, unpack  # noqa: PLC0415
   g = g.astype(jnp.float32)
   if isinstance(w, PackedWeight):
     wb = unpack(w)[:, :w.k]                      # code x block scale: exact in bf16
     if w.global_scale is not None:
       g = g * jnp.asarray(w.global_scale, jnp.float32).reshape(())
-  elif w.format.name in DOT_WEIGHT_FORMATS:
+  elif w.format.name in tensorwise.WEIGHT_FORMATS:
     wb = w.data.astype(jnp.bfloat16)              # e4m3 / e5m2: exact in bf16
     g = g * jnp.asarray(w.scales, jnp.float32).reshape(1, -1)
   else:
     wb = w.dequantize(jnp.float32).astype(jnp.bfloat16)
   return lax.dot_general(g.astype(jnp.bfloat16), wb, (((1,), (0,)), ((), ())),
                          preferred_element_type=jnp.float32)
+
+
+# -- jax.nn.scaled_matmul -----------------------------------------------------------------
+
+#: Block size along K of the 1x128 block-scaled kernels.
+SCALED_MATMUL_BLOCK = 128
+#: MXFP8's block size (E8M0 scales): jax_gmma.mx_gemm (jax-gmma's own kernel on Hopper).
+SCALED_MATMUL_MX_BLOCK = 32
+#: Scale dtypes scaled_matmul accepts for the kernel path (all exact in float32).
+_EXACT_SCALE_DTYPES = (shapes.F32, shapes.BF16, shapes.F16, np.dtype(E8M0))
+
+
+def _scaled_matmul_reference(lhs, rhs, lhs_scales, rhs_scales, preferred_element_type):
+  """jax.nn.scaled_matmul's documented maths, float32, pure JAX."""
+  def deq(x, s):
+    bs = x.shape[-1] // s.shape[-1]
+    return x.astype(jnp.float32) * jnp.repeat(s.astype(jnp.float32), bs, axis=-1)
+  out = jnp.einsum("bmk,bnk->bmn", deq(lhs, lhs_scales), deq(rhs, rhs_scales),
+                   precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
+  return out.astype(preferred_element_type)
+
+
+def _mx_scaled_matmul(lhs, rhs, lhs_scales, rhs_scales, out_dtype):
+  """MXFP8 scaled_matmul: mx_gemm per batch entry on swizzled copies of the scales."""
+  outs = [mx.mx_gemm(mx.mxfp8_operand(lhs[i], lhs_scales[i]), mx.mxfp8_operand(rhs[i], rhs_scales[i]),
+                     out_dtype=out_dtype) for i in range(lhs.shape[0])]
+  return jnp.stack(outs) if len(outs) > 1 else outs[0][None]
+
+
+def scaled_matmul(lhs, rhs, lhs_scales, rhs_scales, preferred_element_type=jnp.float32):
+  """``jax.nn.scaled_matmul`` on jax-gmma's Hopper kernels.
+
+  lhs (B, M, K), rhs (B, N, K), lhs_scales (B, M, K // bs), rhs_scales (B, N, K // bs): out
+  (B, M, N) = einsum('BMK,BNK->BMN', lhs * repeat(lhs_scales, bs), rhs * repeat(rhs_scales, bs)).
+  With block size bs = 128, float8_e4m3fn operands and float32 / bfloat16 / float16 /
+  float8_e8m0fnu scales (converted to float32 exactly), this runs the block-scaled kernel
+  (1x128 x 1x128 scales, :func:`jax_gmma.blockwise_gemm`), one GEMM per batch entry. MXFP8
+  (block size 32, float8_e4m3fn operands, float8_e8m0fnu scales, what
+  ``jax.nn.get_scaled_dot_general_config("mxfp8")`` makes) runs :func:`jax_gmma.mx_gemm` per
+  batch entry (on Hopper jax-gmma's own kernel: every scale applied exactly in float32, see
+  :mod:`jax_gmma.ops.mx`); its scales are swizzled to the
+  kernel layout in the same jitted computation (1/32 of the operand bytes; quantize with
+  ``layout="sm100_128x4"`` and call mx_gemm to do that once). Any other block size or dtype has
+  no kernel: it raises unless the reference path is allowed (``jax_gmma.allow_reference``),
+  which then computes the documented maths in float32.
+  """
+  lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
+  lhs_scales, rhs_scales = jnp.asarray(lhs_scales), jnp.asarray(rhs_scales)
+  if not all(x.ndim == 3 for x in (lhs, rhs, lhs_scales, rhs_scales)):
+    raise ValueError("scaled_matmul requires lhs (B, M, K), rhs (B, N, K), lhs_scales (B, M, K // bs) "
+                     "and rhs_scales (B, N, K // bs): all 3-dimensional, got shapes "
+                     f"{lhs.shape}, {rhs.shape}, {lhs_scales.shape}, {rhs_scales.shape}")
+  (bsz, m, k), (bsz_b, n, k_b) = lhs.shape, rhs.shape
+  if k != k_b or bsz != bsz_b:
+    raise ValueError(f"scaled_matmul: lhs and rhs must have matching batch (B) and contraction (K) "
+                     f"dimensions, got shapes {lhs.shape} and {rhs.shape}")
+  if lhs_scales.shape[0] != bsz or rhs_scales.shape[0] != bsz or lhs_scales.shape[2] != rhs_scales.shape[2]:
+    raise ValueError(f"scaled_matmul: scales must have matching batch (B) and contraction-block "
+                     f"dimensions, got shapes {lhs_scales.shape} and {rhs_scales.shape}")
+  if lhs_scales.shape[1] != m or rhs_scales.shape[1] != n:
+    raise ValueError(f"scaled_matmul: scales must match the non-contracting dimensions: lhs {lhs.shape}, "
+                     f"rhs {rhs.shape}, lhs_scales {lhs_scales.shape}, rhs_scales {rhs_scales.shape}")
+  kb = lhs_scales.shape[2]
+  if kb == 0 or k % kb:
+    raise ValueError(f"scaled_matmul: K ({k}) must be a multiple of the scales' last dimension ({kb})")
+  block = k // kb
+  out_dtype = np.dtype(jnp.dtype(preferred_element_type))
+  if (block == SCALED_MATMUL_MX_BLOCK and np.dtype(lhs.dtype) == shapes.F8E4M3 and
+      np.dtype(rhs.dtype) == shapes.F8E4M3 and np.dtype(lhs_scales.dtype) == np.dtype(E8M0) and
+      np.dtype(rhs_scales.dtype) == np.dtype(E8M0) and out_dtype in shapes.BLOCKWISE_OUT_DTYPES):
+    return _mx_scaled_matmul(lhs, rhs, lhs_scales, rhs_scales, out_dtype)
+  why = None
+  if block != SCALED_MATMUL_BLOCK and block != SCALED_MATMUL_MX_BLOCK:
+    why = (f"block size {block} (K={k} / {kb} scales) has no kernel behind scaled_matmul; it takes "
+           f"block size {SCALED_MATMUL_BLOCK} (the 1x128 kernels) or {SCALED_MATMUL_MX_BLOCK} with "
+           "float8_e8m0fnu scales (MXFP8, jax_gmma.mx_gemm); NVFP4 (block 16, two-level scales) goes "
+           "through jax_gmma.quantize(x, 'nvfp4', layout='sm100_128x4') and mx_gemm")
+  elif np.dtype(lhs.dtype) != shapes.F8E4M3 or np.dtype(rhs.dtype) != shapes.F8E4M3:
+    why = (f"operands {np.dtype(lhs.dtype).name} x {np.dtype(rhs.dtype).name} have no kernel; the "
+           "block-scaled kernels take float8_e4m3fn x float8_e4m3fn")
+  elif block == SCALED_MATMUL_MX_BLOCK:
+    why = (f"block size 32 takes float8_e8m0fnu scales (MXFP8), got {np.dtype(lhs_scales.dtype).name} / "
+           f"{np.dtype(rhs_scales.dtype).name}")
+  elif any(np.dtype(s.dtype) not in _EXACT_SCALE_DTYPES for s in (lhs_scales, rhs_scales)):
+    why = (f"scale dtypes {np.dtype(lhs_scales.dtype).name} / {np.dtype(rhs_scales.dtype).name} are not "
+           "supported; use float32, bfloat16, float16 or float8_e8m0fnu")
+  elif out_dtype not in shapes.BLOCKWISE_OUT_DTYPES:
+    why = f"preferred_element_type {out_dtype.name} is not one of bfloat16, float16, float32"
+  if why is not None:
+    if not _backend.reference_allowed():
+      raise ValueError(f"jax_gmma.scaled_matmul: {why}. {_backend.REFUSAL}")
+    return _scaled_matmul_reference(lhs, rhs, lhs_scales, rhs_scales, out_dtype)
+  sa = lhs_scales.astype(jnp.float32)
+  sb = rhs_scales.astype(jnp.float32)
+  outs = [blockwise_gemm(lhs[i], rhs[i], sa[i], sb[i], out_dtype=out_dtype) for i in range(bsz)]
+  return jnp.stack(outs) if bsz > 1 else outs[0][None]

@@ -6,14 +6,16 @@ import platform
 import jax
 import jaxlib
 
-from . import _backend, configs
+from . import _backend, _version, primitive
+from .ops import mx, quantize
+from .ops import tensorwise_configs as configs
+from .ops.weightonly import PREFILL_MIN_M, UNPACK_TARGET, WEIGHTONLY_TARGET
 
 
 def weightonly_path(devs) -> str:
   """How the FP4/FP6 weight-only GEMM (``weightonly_gemm``, ``dot`` on a PackedWeight; target
   ``jax_gmma_weightonly_gemm``) runs here: the sm_90a kernel on Hopper with the library built,
   else the pure-JAX reference (an error on a CUDA GPU without the kernel, unless opted in)."""
-  from .weightonly import PREFILL_MIN_M, UNPACK_TARGET, WEIGHTONLY_TARGET  # noqa: PLC0415
   if not devs:
     return "pure-JAX reference (no CUDA GPU)"
   try:
@@ -32,13 +34,12 @@ def weightonly_path(devs) -> str:
 
 def quantize_path(devs) -> str:
   """How ``quantize`` to fp8_1x128 / mxfp8 (float8_e4m3fn, K last) runs here: the activation
-  quantize kernel (target ``jax_gmma_fp8_quantize``, jax_gmma/quantize_kernel.py) on Hopper with
+  quantize kernel (target ``jax_gmma_fp8_quantize``, jax_gmma/ops/quantize.py) on Hopper with
   the library built, else pure JAX (never an error: quantize always ran in JAX before)."""
-  from . import quantize_kernel  # noqa: PLC0415
-  target = quantize_kernel.FP8_QUANTIZE_TARGET
+  target = quantize.FP8_QUANTIZE_TARGET
   if not devs:
     return "pure JAX (no CUDA GPU)"
-  if quantize_kernel.kernel_available():
+  if quantize.kernel_available():
     return f"CUDA kernel (sm90a, XLA FFI {target})"
   if _backend.kernels_built() and target not in _registrations():
     why = f"the built library has no {target} handler"
@@ -56,7 +57,7 @@ def _registrations() -> dict:
 
 
 def info_text() -> str:
-  lines = [f"jax-gmma {__import__('jax_gmma').__version__}",
+  lines = [f"jax-gmma {_version.__version__}",
            f"python {platform.python_version()}, jax {jax.__version__}, jaxlib {jaxlib.__version__}"]
   e = _backend.ext()
   if e is None:
@@ -89,10 +90,11 @@ def info_text() -> str:
                f"{weightonly_path(devs)}")
   lines.append(f"  activation quantize fp8_1x128 / mxfp8, e4m3 (quantize): {quantize_path(devs)}")
   # Block-scaled MX / NVFP4 GEMMs (mx_gemm, dot on MX/NVFP4 weights; MXFP8 also on Hopper), per pair.
-  from . import mx  # noqa: PLC0415
   cc = _backend.device_cc(devs[0]) if devs else None
   for (fa, fb), p in mx.paths_for_device(cc).items():
     lines.append(f"  {fa} x {fb} (mx_gemm): {p}")
+  safe = sorted(name for name, op in primitive.OPS.items() if op.graph_safe)
+  lines.append(f"CUDA-graph safe FFI calls (XLA command buffers): {', '.join(safe)}")
   if e is not None and e.kernels():
     lines.append("kernels built:")
     seen = {}

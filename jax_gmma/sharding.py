@@ -10,7 +10,8 @@ picks which dimensions stay sharded and lowers the primitive again on the local 
 the CUDA lowering plans its kernel for the shard it runs. Single-device programs, shard_map
 bodies and pmap lower as before.
 
-The rules, one :class:`Rule` per primitive, all in this module:
+The rules, one :class:`Rule` per primitive, each declared by its family (jax_gmma/ops/*.py)
+with the helpers of this module:
 
 - every dimension is named by a factor: ``m`` (tokens), ``n`` (output features), ``k`` (the
   contraction), one name per scale / bias dimension tied to it, a fresh name for a dimension
@@ -41,13 +42,8 @@ import numpy as np
 from jax.interpreters import mlir
 from jax.sharding import NamedSharding, PartitionSpec
 
-from jax._src import dispatch as _dispatch  # prim_requires_devices_during_lowering
-from jax._src import sharding_impls as _si   # the lowering's axis context
-
-try:
-  from jax.experimental.custom_partitioning import custom_partitioning
-except ImportError:  # pragma: no cover
-  custom_partitioning = None
+from ._compat import (SPMDAxisContext, ShardingContext, custom_partitioning,
+                      requires_devices_during_lowering)
 
 F32 = np.dtype(np.float32)
 
@@ -120,38 +116,38 @@ class Rule:
         **sizes)
 
 
-#: primitive name -> (avals_in, params) -> Rule
+#: primitive name -> (avals_in, params) -> Rule, as the families declared them
 RULES: Dict[str, Callable] = {}
 
 
-def _vector(name: str, fresh: str, length: int, full: int) -> Tuple[str, ...]:
+def vector(name: str, fresh: str, length: int, full: int) -> Tuple[str, ...]:
   """A per-row / per-column vector operand: tied to ``name`` when it has one entry per row
   (``full`` > 1), else a per-tensor scalar under a fresh factor."""
   return (name,) if length == full and full > 1 else (fresh,)
 
 
-def _fresh(prefix: str, ndim: int) -> Tuple[str, ...]:
+def fresh(prefix: str, ndim: int) -> Tuple[str, ...]:
   return tuple(f"{prefix}{i}" for i in range(ndim))
 
 
-def _divides(size: int, d: int, what: str) -> Optional[str]:
+def divides(size: int, d: int, what: str) -> Optional[str]:
   return None if size % d == 0 else f"{what} = {size} is not a multiple of the {d} shards"
 
 
-def _aligned(size: int, d: int, align: int, what: str) -> Optional[str]:
-  r = _divides(size, d, what)
+def aligned(size: int, d: int, align: int, what: str) -> Optional[str]:
+  r = divides(size, d, what)
   if r is None and (size // d) % align:
     r = f"each shard's {what} ({size // d}) would not be a multiple of {align}"
   return r
 
 
-def _bias(bias, n) -> Tuple[str, ...]:
+def bias_factors(bias, n) -> Tuple[str, ...]:
   # (without a bias the operand is an ignored placeholder -- fp8_gemm passes its (N,) scales --
   # split like a bias, so that it is never gathered)
-  return _vector("n", "c", bias.shape[0], n)
+  return vector("n", "c", bias.shape[0], n)
 
 
-def _finish_bias(bias_index: int):
+def finish_bias(bias_index: int):
   def finish(acc, args, p):
     if p["has_bias"]:
       acc = acc + args[bias_index].astype(F32).reshape(1, -1)
@@ -159,164 +155,10 @@ def _finish_bias(bias_index: int):
   return finish
 
 
-def _partial_f32(prim, args, p):
+def partial_f32(prim, args, p):
   """The GEMM (a, b, scales, scales, bias) on a K shard without its bias, in float32 (summed
   across shards next)."""
   return prim.bind(*args[:4], jnp.zeros((1,), F32), **{**p, "out_dtype": F32, "has_bias": False})
-
-
-def _fp8_gemm_rule(avals, params):
-  from . import shapes
-  a, b, sa, sb, bias = avals
-  m, k = a.shape
-  n = b.shape[0]
-
-  def check(f, d):
-    if f == "m":
-      return _divides(m, d, "M")
-    if f == "n":
-      return _aligned(n, d, shapes.N_ALIGN, "N")
-    return _aligned(k, d, shapes.K_ALIGN, "K")
-
-  return Rule(operands=(("m", "k"), ("n", "k"), _vector("m", "sa", sa.shape[0], m),
-                        _vector("n", "sb", sb.shape[0], n), _bias(bias, n)),
-              results=(("m", "n"),), shardable=("m", "n", "k"), check=check, reduction=("k",),
-              partial=_partial_f32, finish=_finish_bias(4))
-
-
-def _blockwise_rule(avals, params):
-  from . import blockwise, shapes
-  a, b, sa_t, sb_t, bias = avals
-  m, k = a.shape
-  n = b.shape[0]
-  row_block = shapes.BLOCK_N if params["variant"] == "1d2d" else 1
-  rows_b = -(-n // row_block)
-  pad = blockwise.SCALE_LD_ALIGN
-
-  def rows_split(rows, d, what):
-    # the kernel layout pads scale rows to a multiple of SCALE_LD_ALIGN: a shard's rows must
-    # be a whole multiple of it, so that the padding stays at the end of the last shard
-    return None if rows % (d * pad) == 0 else \
-        f"its {what} scale rows ({rows}) do not split into multiples of {pad} (the kernel layout's padding)"
-
-  def check(f, d):
-    if f == "m":
-      return _divides(m, d, "M") or rows_split(m, d, "per-token")
-    if f == "n":
-      return (_aligned(n, d, max(row_block, shapes.N_ALIGN), "N") or rows_split(rows_b, d, "weight"))
-    return _aligned(k, d, shapes.BLOCK_K, "K")
-
-  compound = {}
-  if k % shapes.BLOCK_K == 0:  # the scales' K blocks split with K
-    compound["k"] = ("kb", "kr", shapes.BLOCK_K)
-  if row_block > 1 and n % row_block == 0:  # the 128-row weight-scale blocks split with N
-    compound["n"] = ("nb", "nr", row_block)
-  sa_rows = "m" if sa_t.shape[1] == m else "ma"  # (padded scale rows are never split)
-  sb_rows = ("n" if row_block == 1 else "nb") if sb_t.shape[1] == rows_b else "na"
-  kb = "kb" if "k" in compound else "ka"
-  return Rule(operands=(("m", "k"), ("n", "k"), (kb, sa_rows), (kb, sb_rows), _bias(bias, n)),
-              results=(("m", "n"),), shardable=("m", "n", "k"), check=check, compound=compound, reduction=("k",), partial=_partial_f32,
-              finish=_finish_bias(4))
-
-
-def _quantize_rule(avals, params):
-  (x,) = avals
-  m = x.shape[0]
-  if params["layout"] == "rowmajor":
-    return Rule(operands=(("m", "k"),), results=(("m", "kp"), ("m", "nb")), shardable=("m",),
-                check=lambda f, d: _divides(m, d, "M"))
-  # swizzled scales (ceil(m / 128), ceil(nb / 4), 32, 4, 4): whole 128-row atoms per shard
-  whole = m % 128 == 0
-  return Rule(operands=(("m", "k"),), results=(("m", "kp"), ("mt" if whole else "ma",) + _fresh("s", 4)),
-              shardable=("m",), compound={"m": ("mt", "mr", 128)} if whole else {},
-              check=lambda f, d: _aligned(m, d, 128, "M"))
-
-
-def _weightonly_rule(avals, params):
-  from . import weightonly
-  x, xs, packed, scales, g, bias = avals
-  m = x.shape[0]
-  n = params["n"]
-  strips = packed.shape[0]
-
-  def check(f, d):
-    if f == "m":
-      return _divides(m, d, "M")
-    return _divides(strips, d, "the weight's 16-row strips")
-
-  def local(p, shapes_):
-    m_l, n_l = shapes_[0][0], shapes_[2][0] * weightonly.TILE_ROWS
-    picked = weightonly.pick_cta(m, n, x.shape[1], p["fmt"])
-    if (p["rows"], p["tokens"], p["k_warps"]) == picked:  # not forced: pick for the shard
-      rows, tokens, kw = weightonly.pick_cta(m_l, n_l, x.shape[1], p["fmt"])
-    else:
-      rows, tokens, kw = p["rows"], p["tokens"], p["k_warps"]
-      if n_l % rows:
-        rows, kw = weightonly.TILE_ROWS, 8
-    return {**p, "n": n_l, "rows": rows, "tokens": tokens, "k_warps": kw}
-
-  return Rule(operands=(("m", "kp"), _vector("m", "xs", xs.shape[0], m),
-                        ("ns",) + _fresh("p", packed.ndim - 1), ("ns",) + _fresh("s", scales.ndim - 1),
-                        ("g",), _bias(bias, n)),
-              results=(("m", "n"),), shardable=("m", "n"), check=check,
-              compound={"n": ("ns", "nr", weightonly.TILE_ROWS)}, local_params=local)
-
-
-def _unpack_rule(avals, params):
-  from . import weightonly
-  packed, scales, row_exp = avals
-  n = params["n"]
-  strips = packed.shape[0]
-  return Rule(operands=(("ns",) + _fresh("p", packed.ndim - 1), ("ns",) + _fresh("s", scales.ndim - 1),
-                        _vector("n", "e", row_exp.shape[0], n)),
-              results=(("n", "kp"),), shardable=("n",),
-              compound={"n": ("ns", "nr", weightonly.TILE_ROWS)},
-              check=lambda f, d: _divides(strips, d, "the weight's 16-row strips"),
-              local_params=lambda p, s: {**p, "n": s[0][0] * weightonly.TILE_ROWS})
-
-
-def _mx_rule(avals, params):
-  """mx_gemm: rows of either operand split in whole 128-row atoms of its swizzled scales (the
-  scale operands are the atoms' raw bytes, flattened: an atom's bytes are contiguous)."""
-  a, b, a_sf, b_sf, ga, gb, bias = avals
-  m, n = params["m"], params["n"]
-  ties, compound = {}, {}
-  rows_a = "m"
-  if m % 128 == 0 and a.shape[0] == m:
-    ties.update(sfa="m")
-    compound.update(m=("mt", "mr", 128, m // 128), sfa=("mt", "ra", a_sf.shape[0] // (m // 128), m // 128))
-  else:
-    rows_a = "ma"  # (M stays whole: a fresh factor for a's rows)
-  if n % 128 == 0 and b.shape[0] == n:
-    ties.update(sfb="n")
-    compound.update(n=("nt", "nr", 128, n // 128), sfb=("nt", "rb", b_sf.shape[0] // (n // 128), n // 128))
-  out_align = 8 if np.dtype(params["out_dtype"]) == np.dtype(jnp.bfloat16) else 4
-
-  def check(f, d):
-    if f == "m":
-      return _aligned(m, d, 128, "M (whole 128-row scale atoms)")
-    return _aligned(n, d, 128, "N (whole 128-row scale atoms)") or _aligned(n, d, out_align, "N")
-
-  def local(p, shapes_):
-    m_l, n_l = shapes_[0][0], shapes_[1][0]
-    problem = dataclasses.replace(p["problem"], m=m_l, n=n_l, batch_shape=())
-    return {**p, "m": m_l, "n": n_l, "problem": problem}
-
-  return Rule(operands=((rows_a, "ka"), ("n", "kb"), ("sfa" if "sfa" in ties else "sa",),
-                        ("sfb" if "sfb" in ties else "sb",), ("ga",), ("gb",),
-                        _vector("n", "c", bias.shape[0], n)),
-              results=((rows_a, "n"),), shardable=("m", "n"), ties=ties, compound=compound,
-              check=check, local_params=local)
-
-
-RULES.update({
-    "jax_gmma_fp8_gemm": _fp8_gemm_rule,
-    "jax_gmma_fp8_blockwise_gemm": _blockwise_rule,
-    "jax_gmma_fp8_quantize": _quantize_rule,
-    "jax_gmma_weightonly_gemm": _weightonly_rule,
-    "jax_gmma_weightonly_unpack": _unpack_rule,
-    "jax_gmma_mx_gemm": _mx_rule,
-})
 
 
 # -- the partition callback -------------------------------------------------------------------------
@@ -436,21 +278,25 @@ def _spmd(ctx) -> bool:
   """Whether this lowering is of a program that XLA partitions across several devices (not a
   single device, not inside shard_map's manual axes, not pmap)."""
   ac = ctx.module_context.axis_context
-  if isinstance(ac, _si.ShardingContext):
+  if isinstance(ac, ShardingContext):
     return ac.num_devices > 1
-  if isinstance(ac, _si.SPMDAxisContext):
+  if isinstance(ac, SPMDAxisContext):
     return not ac.manual_axes and ac.mesh.size > 1
   return False
 
 
-def lowering(prim, rule: Callable) -> Callable:
+def lowering(prim, rule: Callable, partition_rule: Optional[Callable] = None) -> Callable:
   """``prim``'s lowering ``rule``, partitioned across devices (see the module docstring) where
-  the program is partitioned. Every primitive of the package registers its lowerings through
-  this (one place for multi-device behaviour, as _vma is for shard_map types)."""
+  the program is partitioned, by ``partition_rule`` ((avals_in, params) -> :class:`Rule`).
+  Every primitive of the package registers its lowerings through this (by
+  :func:`jax_gmma.primitive.define`: one place for multi-device behaviour, as _vma is for
+  shard_map types)."""
+  if partition_rule is not None:
+    RULES[prim.name] = partition_rule
   if custom_partitioning is None or prim.name not in RULES:
     return rule
   # custom_partitioning's lowering needs the device assignment (as jax's cuDNN ops do)
-  _dispatch.prim_requires_devices_during_lowering.add(prim)
+  requires_devices_during_lowering(prim)
 
   def lower(ctx, *args, **params):
     if not _spmd(ctx):

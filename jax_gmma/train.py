@@ -38,10 +38,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _vma, shapes
-from .blockwise import blockwise_gemm
-from .ops import fp8_gemm
-from .quantize import quantize
+from . import _vma
+from .numerics import shapes
+from .ops.blockwise import blockwise_gemm
+from .ops.quantize import quantize
+from .ops.tensorwise import fp8_gemm
 
 E4M3 = jnp.float8_e4m3fn
 E5M2 = jnp.float8_e5m2

@@ -9,7 +9,7 @@ import numpy as np
 
 import jax_gmma
 from _cmdbuf import report  # tests/ helper: the JSON line the parent reads
-from jax_gmma import mx
+from jax_gmma.ops import mx
 
 CONFIGS = mx.KERNELS["sm_90a"][("mxfp8", "mxfp8")]
 

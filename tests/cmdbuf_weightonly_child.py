@@ -9,7 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax_gmma
-from jax_gmma import _backend, weightonly as wo
+from jax_gmma import _backend
+from jax_gmma.ops import weightonly as wo
 
 
 def main():

@@ -56,7 +56,7 @@ def test_smoke_suite_on_cpu(tmp_path):
     if r["impl"].startswith("ours_mxfp8"):
       assert r["path"] == "reference" and r["config"].startswith("sm90_mxf8_")
   assert data["meta"]["backend"] == "cpu"
-  assert not data["bars"]  # smoke rows are not held to the bars
+  assert not data["bars"]  # smoke rows are not held to the target bars
 
 
 def test_bad_usage_without_gpu(tmp_path):

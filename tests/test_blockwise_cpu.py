@@ -13,7 +13,10 @@ import numpy as np
 import pytest
 
 import jax_gmma
-from jax_gmma import _backend, blockwise, blockwise_configs as bc, shapes
+from jax_gmma import _backend
+from jax_gmma.ops.tensorwise_configs import extra_kernels_built
+from jax_gmma.ops import blockwise, blockwise_configs as bc
+from jax_gmma.numerics import shapes
 
 E4 = ml_dtypes.float8_e4m3fn
 E5 = ml_dtypes.float8_e5m2
@@ -295,7 +298,7 @@ def test_heuristic_large_m():
   assert cfg.name == "128x128x128_c1x1_coop" and s == 1  # 1024 tiles, 97% waves
   cfg, s = bc.select_blockwise_config(prob(129, 2112, 7168), 132)
   assert cfg.name == "128x128x128_c1x1_coop_streamk" and s == bc.STREAM_K_HEURISTIC
-  # 544 tiles fill 0.82 of 5 waves: stream-K (measured faster, session 17)
+  # 544 tiles fill 0.82 of 5 waves: stream-K (measured faster)
   cfg, s = bc.select_blockwise_config(prob(4096, 2112, 7168), 132)
   assert cfg.name == "128x128x128_c1x1_coop_streamk" and s == bc.STREAM_K_HEURISTIC
   cfg, s = bc.select_blockwise_config(prob(8192, 8192, 8192), 132)
@@ -395,7 +398,10 @@ def test_kernel_table_matches_blockwise_configs():
   if not _backend.kernels_built():
     pytest.skip("jax_gmma was built without CUDA kernels")
   table = [k for k in _backend.ext().kernels() if str(k["config"]).startswith("blockwise_")]
-  want = {bc.kernel_name(c, v) for c in bc.CONFIGS.values() for v in bc.config_variants(c)}
+  # Configs built only on request (JAX_GMMA_EXTRA_KERNELS=1) are in the table only then.
+  extra = extra_kernels_built()
+  want = {bc.kernel_name(c, v) for c in bc.CONFIGS.values() for v in bc.config_variants(c)
+          if extra or not c.extra}
   assert {k["config"] for k in table} == want
   for name in want:
     triples = {(k["a"], k["b"], k["d"]) for k in table if k["config"] == name}
@@ -412,12 +418,12 @@ def _gemm(m, n, k, *, a=E4, b_scale=(), a_scale=(), out=None):
 
 
 def test_two_level_route_rule():
-  # The measured shapes (sessions 15 and 17): routed where the block-scaled tiles were faster.
+  # The measured shapes: routed where the block-scaled tiles were faster.
   for mnk in [(4096, 4096, 4096), (2048, 8192, 8192), (4096, 4096, 7168), (2048, 4096, 1040),
               (1024, 8192, 8192)]:
     assert bc.two_level_route(_gemm(*mnk), 132), mnk
   for mnk in [(8192, 8192, 8192), (4096, 2112, 7168), (64, 4096, 4096), (256, 8192, 8192), (512, 4096, 1024),
-              # session 17: useful fraction better by 0.017-0.066 only, tensorwise as fast or faster
+              # useful fraction better by 0.017-0.066 only, tensorwise as fast or faster
               (4096, 24576, 1536), (4096, 7168, 16384), (4096, 11008, 4096), (4096, 8192, 8192),
               (4096, 14336, 4096), (2048, 28672, 8192)]:
     assert not bc.two_level_route(_gemm(*mnk), 132), mnk
@@ -431,3 +437,16 @@ def test_two_level_route_rule():
              dict(swizzle=2), dict(raster="m")):
     assert not bc.two_level_route(p, 132, **kw), kw
   assert bc.ROUTE_CONFIG in bc.CONFIGS and "1d2d" in bc.config_variants(bc.CONFIGS[bc.ROUTE_CONFIG])
+
+
+def test_heuristic_never_picks_an_extra_config():
+  """Configs built only on request (JAX_GMMA_EXTRA_KERNELS=1) are never picked by the heuristic,
+  for either scale variant, at decode and prefill shapes."""
+  extra = {n for n, c in bc.CONFIGS.items() if c.extra}
+  assert extra
+  for m in (1, 4, 16, 17, 32, 48, 64, 65, 128, 256, 1024, 4096):
+    for n in (256, 2112, 4096, 7168, 28672):
+      for k in (512, 7168):
+        for sb_shape in (None, (n, cdiv(k, 128))):  # 1d2d, 1d1d
+          cfg, _ = bc.select_blockwise_config(problem(m, n, k, sb_shape=sb_shape), 132)
+          assert cfg.name not in extra, (m, n, k, sb_shape, cfg.name)

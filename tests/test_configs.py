@@ -3,7 +3,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from jax_gmma import configs, shapes
+from jax_gmma.ops import tensorwise_configs as configs
+from jax_gmma.numerics import shapes
 
 E4 = ml_dtypes.float8_e4m3fn
 
@@ -53,7 +54,7 @@ def test_decode_many_weight_rows_streams_with_stream_k():
 
 def test_decode_short_k_many_weight_rows_takes_warp_specialized_tiles():
   # 32 / 64 tokens, more 64-row tiles than SMs, K <= WS_SHALLOW_MAX_K: non-persistent 64-row
-  # tiles, unsplit (session 25, kernel alone: 1.08-1.27x the ping-pong tile of session 24); 64
+  # tiles, unsplit (kernel alone: 1.08-1.27x the persistent ping-pong tile); 64
   # tokens: the 6-stage tile (2 CTAs per SM) or the 4-stage 2x1-cluster tile (3 per SM), whichever
   # fills its waves better; above that K stream-K.
   kmax = configs.WS_SHALLOW_MAX_K
@@ -73,7 +74,7 @@ def test_decode_short_k_many_weight_rows_takes_warp_specialized_tiles():
 
 def test_decode_16_tokens_many_weight_rows_stays_warp_specialized():
   # 16 tokens over more 64-row tiles than SMs: one warp-specialized CTA per 64-row tile, no
-  # stream-K (session 24, chains: 1.03-1.05x at N = 28672 / 16384, 1.25x at 24576 x 1536);
+  # stream-K (chains: 1.03-1.05x at N = 28672 / 16384, 1.25x at 24576 x 1536);
   # the 4-stage kernel (5 CTAs per SM) up to K = WS_SHALLOW_MAX_K, the 10-stage one above.
   for n, k, want in ((28672, 8192, "swap_64x16x128_ws_s10_2lvl"), (16384, 4096, "swap_64x16x128_ws_s10_2lvl"),
                      (57344, 8192, "swap_64x16x128_ws_s10_2lvl"), (24576, 1536, "swap_64x16x128_ws_s4_2lvl"),
@@ -141,8 +142,10 @@ def test_kernel_table_matches_python_configs():
     pytest.skip("jax_gmma was built without CUDA kernels")
   table = [k for k in _backend.ext().kernels() if k["config"] in configs.CONFIGS]
   names = {k["config"] for k in table}
-  # The sweep-only kernels are built with JAX_GMMA_SWEEP_KERNELS=1 only: all of them or none.
-  expected = {n for n, c in configs.CONFIGS.items() if _backend.sweep_kernels_built() or not c.sweep}
+  # The sweep-only kernels are built with JAX_GMMA_SWEEP_KERNELS=1 only, the never-picked extra
+  # ones with JAX_GMMA_EXTRA_KERNELS=1 only: all of each kind or none.
+  expected = {n for n, c in configs.CONFIGS.items()
+              if (configs.sweep_kernels_built() or not c.sweep) and (configs.extra_kernels_built() or not c.extra)}
   assert names == expected, names ^ expected
   for name, cfg in configs.CONFIGS.items():
     if name not in expected:
@@ -162,7 +165,8 @@ def test_sweep_config_dtype_rule():
   # The heuristic never picks a sweep-only kernel.
   for m, n, k in [(1, 8192, 8192), (64, 28672, 8192), (4096, 2112, 7168), (8192, 8192, 8192)]:
     for fast in (False, True):
-      assert not configs.select_config(prob(m, n, k), 132, fast_accum=fast)[0].sweep
+      cfg = configs.select_config(prob(m, n, k), 132, fast_accum=fast)[0]
+      assert not cfg.sweep and not cfg.extra, cfg.name
 
 
 def test_tile_order_rules():
@@ -189,7 +193,8 @@ def test_tile_order_rules():
 
 def test_trace_time_checks_through_extension():
   """CUTLASS can_implement / workspace size run on the host, no GPU needed."""
-  from jax_gmma import _backend, ops
+  from jax_gmma import _backend
+  from jax_gmma.ops import tensorwise as ops
   if not _backend.kernels_built():
     pytest.skip("jax_gmma was built without CUDA kernels")
   cfg, s, ws, order = ops.plan(prob(1, 8192, 8192), 132)
@@ -207,3 +212,14 @@ def test_trace_time_checks_through_extension():
   err, _ = _backend.ext().check("nope", "float8_e4m3fn", "float8_e4m3fn", "bfloat16", 1, 16, 16, 1,
                                 132, False, False, False)
   assert "no kernel" in err
+
+
+def test_heuristic_never_picks_an_extra_config():
+  """Configs built only on request (JAX_GMMA_EXTRA_KERNELS=1) are never picked by the heuristic."""
+  assert any(c.extra for c in configs.CONFIGS.values())
+  for m in (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 1024, 8192):
+    for n in (256, 2112, 4096, 8192, 14336, 28672):
+      for k in (512, 4096, 8192, 28672):
+        for fast in (False, True):
+          cfg = configs.select_config(prob(m, n, k), 132, fast_accum=fast)[0]
+          assert not cfg.extra, (m, n, k, fast, cfg.name)

@@ -15,7 +15,9 @@ import pytest
 
 import jax_gmma
 from _cmdbuf import check_bit_identical_and_captured  # noqa: E402 (tests/ helper)
-from jax_gmma import _backend, blockwise_configs as bc
+from jax_gmma import _backend
+from jax_gmma.ops import blockwise_configs as bc
+from jax_gmma.ops.tensorwise_configs import extra_kernels_built
 
 pytestmark = pytest.mark.gpu
 
@@ -119,6 +121,8 @@ def test_all_variants(variant, out, bias):
 @pytest.mark.parametrize("variant,name", [(v, c) for c in bc.CONFIGS for v in bc.config_variants(bc.CONFIGS[c])])
 def test_every_config(variant, name):
   cfg = bc.CONFIGS[name]
+  if cfg.extra and not extra_kernels_built():
+    pytest.skip("built on request: this jax_gmma was built without JAX_GMMA_EXTRA_KERNELS=1")
   for m in (1, 100, 300):
     run_case(m, 2048, 4096, variant, jnp.bfloat16, bias=True, config=name,
              splits=3 if cfg.stream_k else None)

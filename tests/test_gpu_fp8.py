@@ -14,7 +14,9 @@ import pytest
 
 import jax_gmma
 from _cmdbuf import check_bit_identical_and_captured  # noqa: E402 (tests/ helper)
-from jax_gmma import _backend, configs, shapes
+from jax_gmma import _backend
+from jax_gmma.ops import tensorwise_configs as configs
+from jax_gmma.numerics import shapes
 
 pytestmark = pytest.mark.gpu
 
@@ -93,8 +95,10 @@ def test_all_variants(pair, per_row, bias, out):
 @pytest.mark.parametrize("name", list(configs.CONFIGS))
 def test_every_config(name):
   cfg = configs.CONFIGS[name]
-  if cfg.sweep and not _backend.sweep_kernels_built():
+  if cfg.sweep and not configs.sweep_kernels_built():
     pytest.skip("sweep-only kernel: this jax_gmma was built without JAX_GMMA_SWEEP_KERNELS=1")
+  if cfg.extra and not configs.extra_kernels_built():
+    pytest.skip("built on request: this jax_gmma was built without JAX_GMMA_EXTRA_KERNELS=1")
   for m in (1, 100, 300):
     splits = 3 if cfg.stream_k else None
     run_case(m, 2048, 4096, per_row=True, bias=True, config=name, splits=splits,
@@ -107,7 +111,7 @@ def test_every_config(name):
                                          (48, 19136, 640, "swap_64x64x128_c2x1_ws_s4_2lvl"),
                                          (64, 16384, 1536, "swap_64x64x128_ws_s6_2lvl")])
 def test_decode_short_k_picks(m, n, k, name):
-  # The short-K decode tiles of 17..64 tokens (session 25) on shapes the heuristic gives them at
+  # The short-K decode tiles of 17..64 tokens on shapes the heuristic gives them at
   # 132 SMs; 19136 = 299 64-row tiles: an odd tile count in the 2x1-cluster tile.
   problem = shapes.fp8_gemm_problem((m, k), E4, (n, k), E4)
   assert configs.select_config(problem, 132)[0].name == name
@@ -143,7 +147,7 @@ def test_two_level_route_to_blockwise(out_dtype):
   broadcast scales (blockwise_configs.two_level_route): 2048 x 4096 takes 4 waves of 128x128
   tiles (97% useful) instead of 3 of 128x192 (86%). Same arithmetic as the tensorwise kernel:
   the outputs agree to float32 rounding; K = 1040 ends in a partial 128-block."""
-  from jax_gmma import blockwise
+  from jax_gmma.ops import blockwise
   k = 1040
   a = rand_fp8(_key(), (2, 1024, k), E4)
   b = rand_fp8(_key(), (4096, k), E4)
@@ -232,10 +236,22 @@ def test_command_buffers_bit_identical_and_captured():
 def test_sweep_config_without_sweep_kernels_is_a_clear_error():
   """A sweep-only config on a library built without them (the default) is refused at trace time,
   naming the build switch."""
-  if _backend.sweep_kernels_built():
+  if configs.sweep_kernels_built():
     pytest.skip("this jax_gmma was built with the sweep-only kernels")
   name = next(n for n, c in configs.CONFIGS.items() if c.sweep and not c.swap_ab)
   a = rand_fp8(_key(), (256, 512), E4)
   b = rand_fp8(_key(), (256, 512), E4)
   with pytest.raises(ValueError, match="JAX_GMMA_SWEEP_KERNELS=1"):
+    jax.jit(lambda a, b: jax_gmma.fp8_gemm(a, b, out_dtype=jnp.bfloat16, config=name))(a, b)
+
+
+def test_extra_config_without_extra_kernels_is_a_clear_error():
+  """A config built only on request, forced on a library built without it (the default), is
+  refused at trace time, naming the build switch."""
+  if configs.extra_kernels_built():
+    pytest.skip("this jax_gmma was built with JAX_GMMA_EXTRA_KERNELS=1")
+  name = next(n for n, c in configs.CONFIGS.items() if c.extra)
+  a = rand_fp8(_key(), (16, 512), E4)
+  b = rand_fp8(_key(), (256, 512), E4)
+  with pytest.raises(ValueError, match="JAX_GMMA_EXTRA_KERNELS=1"):
     jax.jit(lambda a, b: jax_gmma.fp8_gemm(a, b, out_dtype=jnp.bfloat16, config=name))(a, b)

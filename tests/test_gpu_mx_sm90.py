@@ -16,7 +16,8 @@ import pytest
 
 import jax_gmma
 from _cmdbuf import check_bit_identical_and_captured  # noqa: E402 (tests/ helper)
-from jax_gmma import _backend, mx
+from jax_gmma import _backend
+from jax_gmma.ops import mx
 
 pytestmark = pytest.mark.gpu
 
@@ -53,7 +54,7 @@ def lowered_to_kernel(fn, *args):
   return "jax_gmma_mx_gemm" in jax.jit(fn).lower(*args).as_text()
 
 
-SHAPES = [  # (M, N, K): the spine's list and the DeepSeek shapes of issue #3, plus ragged edges
+SHAPES = [  # (M, N, K): the spine's list and the DeepSeek-V3 shapes, plus ragged edges
     (1, 4096, 7168), (7, 4096, 128), (64, 2112, 7168), (128, 24576, 1536), (129, 1000, 7168),
     (1, 28672, 8192), (16, 28672, 8192), (64, 7168, 16384), (4096, 2112, 7168), (200, 300, 160),
 ]
@@ -134,7 +135,7 @@ def test_tiny_scale_and_nan_scale():
 def test_scaled_matmul_mxfp8_runs_the_kernel():
   """jax_gmma.scaled_matmul with jax.nn.scaled_matmul's MXFP8 operands (block 32, E8M0)."""
   a_q, b_q = operand(64, 1024), operand(512, 1024)
-  from jax_gmma.quantize import to_jax_scaled_matmul_inputs
+  from jax_gmma.ops.quantize import to_jax_scaled_matmul_inputs
   la, ls, _ = to_jax_scaled_matmul_inputs(a_q)
   rb, rs, _ = to_jax_scaled_matmul_inputs(b_q)
   assert lowered_to_kernel(lambda *x: jax_gmma.scaled_matmul(*x), la, rb, ls, rs)

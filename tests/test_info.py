@@ -5,7 +5,8 @@ import types
 
 import pytest
 
-from jax_gmma import _backend, info, quantize_kernel
+from jax_gmma import _backend, info
+from jax_gmma.ops import quantize as qkernel
 from jax_gmma.info import info_text
 
 
@@ -52,7 +53,7 @@ def test_paths_on_hopper_with_kernels(monkeypatch, targets):
   monkeypatch.setattr(_backend, "check_cuda_kernels", lambda op: _HOPPER)
   monkeypatch.setattr(_backend, "kernels_built", lambda: True)
   monkeypatch.setattr(_backend, "ext", lambda: _FakeExt(targets))
-  monkeypatch.setattr(quantize_kernel, "_target_in_library",
+  monkeypatch.setattr(qkernel, "_target_in_library",
                       lambda: "jax_gmma_fp8_quantize" in targets)
   wo, qk = info.weightonly_path([_HOPPER]), info.quantize_path([_HOPPER])
   if targets:

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 import jax_gmma
-from jax_gmma import _backend, mx
+from jax_gmma import _backend
+from jax_gmma.ops import mx
 
 
 @pytest.fixture
@@ -191,7 +192,7 @@ def test_refuse_message_and_opt_in(fake_build):
   p = _problem("nvfp4", "nvfp4")
   with pytest.raises(jax_gmma.KernelUnavailable,
                      match=r"jax_gmma.mx_gemm: format nvfp4 x nvfp4 on sm_90a: .*JAX_GMMA_ALLOW_REFERENCE=1"):
-    mx._refuse(p, *mx.unavailable_reason(p, "9.0"))
+    raise _backend.unavailable("mx_gemm", mx.refusal_reason(p, *mx.unavailable_reason(p, "9.0")))
 
 
 def test_cuda_lowering_raises_on_hopper_and_opts_in(monkeypatch, fake_build):
@@ -206,16 +207,16 @@ def test_cuda_lowering_raises_on_hopper_and_opts_in(monkeypatch, fake_build):
   monkeypatch.setattr(_backend, "cuda_devices", lambda: [Dev()])
   p = _problem("mxfp4", "mxfp4")
   with pytest.raises(jax_gmma.KernelUnavailable, match="format mxfp4 x mxfp4 on sm_90a"):
-    mx._cuda_lowering(None, problem=p, config=None, path=None)
+    mx.MX_GEMM.cuda_lowering(None, problem=p, config=None, path=None)
   called = {}
   monkeypatch.setattr(mx.mlir, "lower_fun", lambda f, multiple_results: (lambda ctx, *a, **k: called.setdefault("ref", f)))
   with jax_gmma.allow_reference():
-    mx._cuda_lowering(None, problem=p, config=None, path=None)
-  assert called["ref"] is mx._reference_lowering
+    mx.MX_GEMM.cuda_lowering(None, problem=p, config=None, path=None)
+  assert called["ref"] is mx.MX_GEMM.reference
   # MXFP8 from SM90_DEQUANT_MIN_M rows: the exact bf16 path; below: the kernel (not faked here).
   called.clear()
   big = _problem(m=mx.SM90_DEQUANT_MIN_M)
-  mx._cuda_lowering(None, problem=big, config=None, path=None)
+  mx.MX_GEMM.cuda_lowering(None, problem=big, config=None, path=None)
   assert called["ref"] is mx._dequant_lowering
 
 

@@ -1,4 +1,4 @@
-"""The activation-quantization kernel (jax_gmma.quantize_kernel, cpp/sm90_fp8_quantize.cu).
+"""The activation-quantization kernel (jax_gmma.ops.quantize, cpp/sm90_fp8_quantize.cu).
 
 CPU: the primitive's pure-JAX lowering is the old quantize path bit for bit (every special
 value, shape, dtype, jit / eager / vmap / jvp), shapes and padding, dispatch, errors.
@@ -18,7 +18,7 @@ import pytest
 
 import jax_gmma
 from _cmdbuf import command_buffer_runs  # noqa: E402 (tests/ helper)
-from jax_gmma import quantize_kernel as qk
+from jax_gmma.ops import quantize as qk
 
 E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
 DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
@@ -95,7 +95,7 @@ def test_primitive_matches_pure_jax_path(fmt, dtype, shape):
 
 
 def test_primitive_quantize_rows_matches_quantize_impl():
-  from jax_gmma.quantize import _quantize_impl
+  from jax_gmma.numerics.scaling import quantize_blocks as _quantize_impl
   x = special_input(16, 1000, jnp.bfloat16, _rng())
   for fmt in FORMATS:
     d, s, _ = _quantize_impl(x, fmt, "float8_e4m3fn", 1)
@@ -163,7 +163,7 @@ def test_swizzled_scales_from_the_primitive(shape):
   """layout="sm100_128x4": the kernel writes the swizzled MXFP8 scales itself (2-D x; leading
   dims: row-major scales swizzled by XLA); its reference lowering is swizzle_scales of the
   row-major scales, padding (zero bytes) included."""
-  from jax_gmma.layouts import swizzle_scales
+  from jax_gmma.numerics.layouts import swizzle_scales
   x = special_input(int(np.prod(shape[:-1])), shape[-1], jnp.bfloat16, _rng()).reshape(shape)
   d, s = qk.quantize_rows(x, "mxfp8")
   ds, ss = jax.jit(lambda x: qk.quantize_rows(x, "mxfp8", layout="sm100_128x4"))(x)
@@ -312,7 +312,7 @@ def test_kernel_bit_identical_mxfp8_swizzled(shape):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
 def test_kernel_bit_identical_benchmark_shape(dtype):
-  """The issue's shape, 4096 x 7168, plain random activations (no special rows)."""
+  """The target shape, 4096 x 7168, plain random activations (no special rows)."""
   rng = _rng()
   x = jnp.asarray(rng.standard_normal((4096, 7168)).astype(np.float32)).astype(dtype)
   check_kernel(x, "fp8_1x128", f"4096x7168 {jnp.dtype(dtype).name}")

@@ -3,7 +3,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from jax_gmma import shapes
+from jax_gmma.numerics import shapes
 
 E4, E5 = ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2
 BF16 = ml_dtypes.bfloat16

@@ -113,7 +113,7 @@ os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_p
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P, AxisType
 import jax_gmma
-from jax_gmma import quantize_kernel, weightonly
+from jax_gmma.ops import quantize as qkernel, weightonly
 from jax_gmma.sharding import ShardingWarning
 
 devs = jax.devices()
@@ -201,8 +201,8 @@ run(jax.grad(loss, (0, 1)), (x, w), [P("x"), P("y")], ("all-reduce",), exact=Fal
 
 # row quantization kernel's primitive: rows split (row-major and 128-row swizzled scales)
 xr = normal(256, 512).astype(BF16)
-run(lambda x: quantize_kernel.quantize_rows(x, "fp8_1x128"), (xr,), [P("x")])
-run(lambda x: quantize_kernel.quantize_rows(x, "mxfp8", layout="sm100_128x4"), (xr,), [P("x")])
+run(lambda x: qkernel.quantize_rows(x, "fp8_1x128"), (xr,), [P("x")])
+run(lambda x: qkernel.quantize_rows(x, "mxfp8", layout="sm100_128x4"), (xr,), [P("x")])
 
 # FP4 / FP6 weight-only: weights split by 16-row strips, tokens by rows
 for fmt in ("nvfp4", "mxfp6_e2m3"):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import jax_gmma
-from jax_gmma import transforms, weightonly as wo
+from jax_gmma.ops import weightonly as wo
 
 E4, E5 = jnp.float8_e4m3fn, jnp.float8_e5m2
 F64 = np.float64
@@ -174,10 +174,10 @@ def test_dot_grad_value_and_grad_loss():
 def test_raw_primitives_not_differentiable():
   a = _normal((4, 32)).astype(E4)
   b = _normal((16, 32)).astype(E4)
-  with pytest.raises(transforms.NotDifferentiable, match="fp8_linear"):
+  with pytest.raises(jax_gmma.NotDifferentiable, match="fp8_linear"):
     jax.grad(lambda s: jax_gmma.fp8_gemm(a, b, s, out_dtype=jnp.float32).sum())(1.0)
   wp = wo.prepare(_normal((16, 64), 0.1), "mxfp4")
-  with pytest.raises(transforms.NotDifferentiable, match="weightonly_gemm"):
+  with pytest.raises(jax_gmma.NotDifferentiable, match="weightonly_gemm"):
     jax.grad(lambda x: jax_gmma.weightonly_gemm(x, wp, out_dtype=jnp.float32).sum())(
         _normal((2, 64), 1.0, jnp.bfloat16))
 

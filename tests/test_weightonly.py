@@ -9,7 +9,7 @@ import pytest
 
 import jax_gmma
 from _cmdbuf import child_script, command_buffer_runs, run_child  # noqa: E402 (tests/ helper)
-from jax_gmma import weightonly as wo
+from jax_gmma.ops import weightonly as wo
 
 FORMATS = ("nvfp4", "mxfp4", "mxfp6_e2m3", "mxfp6_e3m2")
 FP6 = ("mxfp6_e2m3", "mxfp6_e3m2")
@@ -492,7 +492,7 @@ def test_pick_cta_matches_the_cpp_rule():
   if e is None or not e.cuda_built() or not hasattr(e, "weightonly_pick"):
     pytest.skip("jax_gmma extension not built with CUDA kernels (source tree / no nvcc)")
   strips = (1, 3, 255, 256, 257, 383, 384, 511, 512, 513, 1023, 1024, 1025, 1792)
-  for fmt in wo.FORMATS:
+  for fmt in wo.WEIGHT_FORMATS:
     for m in (1, 2, 8, 9, 15, 16, 17, 33, 64, 127):
       for n in [16 * s for s in strips]:
         for k in (64, 8192, 16320, 16384, 28672):

@@ -3,7 +3,7 @@
 
 A block-scaled operand ``(..., rows, K)`` has a scale matrix
 ``(..., rows, k_blocks)`` (``k_blocks = ceil(K / block_k)``; see
-:mod:`jax_gmma.quantize`).  A *layout* says how that matrix is stored.
+:mod:`jax_gmma.ops.quantize`).  A *layout* says how that matrix is stored.
 
 ``"rowmajor"``
     The plain ``(..., rows, k_blocks)`` array (what :func:`quantize` returns
@@ -15,15 +15,15 @@ A block-scaled operand ``(..., rows, K)`` has a scale matrix
     modes, cuDNN, and CUTLASS's ``Sm1xxBlockScaledConfig``.
 
     1. Pad the scale matrix to ``R = 128 * ceil(rows / 128)`` rows and
-       ``KB = 4 * ceil(k_blocks / 4)`` columns (padding value: below).
+      ``KB = 4 * ceil(k_blocks / 4)`` columns (padding value: below).
     2. Cut it into 128x4 *atoms*; atom ``(rt, kt)`` covers rows
-       ``128*rt .. 128*rt+127`` and K-blocks ``4*kt .. 4*kt+3``.  Atoms are
-       stored K-tile fastest: ``atom = rt * (KB // 4) + kt``.
+      ``128*rt .. 128*rt+127`` and K-blocks ``4*kt .. 4*kt+3``.  Atoms are
+      stored K-tile fastest: ``atom = rt * (KB // 4) + kt``.
     3. Each atom is 512 contiguous elements.  Row ``r`` of the atom
-       (``0 <= r < 128``) is split as ``r = 32 * r4 + r32``; the scale of
-       (atom row ``r``, atom column ``k4``) sits at
-       ``r32 * 16 + r4 * 4 + k4``.  Rows 0, 32, 64, 96 are therefore adjacent
-       (one 32-bit word per row holds its 4 K-blocks, as TMEM wants).
+      (``0 <= r < 128``) is split as ``r = 32 * r4 + r32``; the scale of
+      (atom row ``r``, atom column ``k4``) sits at
+      ``r32 * 16 + r4 * 4 + k4``.  Rows 0, 32, 64, 96 are therefore adjacent
+      (one 32-bit word per row holds its 4 K-blocks, as TMEM wants).
 
     Flat offset of the scale of (``row``, ``kb``) inside one matrix::
 
@@ -98,19 +98,19 @@ import ml_dtypes
 import numpy as np
 
 __all__ = [
-    "ScaleLayout",
-    "LAYOUTS",
-    "LAYOUT_NAMES",
-    "ROWMAJOR",
-    "SM100_128X4",
-    "SCALE_DTYPES",
-    "get_layout",
-    "layouts_table",
-    "swizzle_scales",
-    "unswizzle_scales",
-    "swizzled_shape",
-    "padding_value",
-    "to_layout",
+  "ScaleLayout",
+  "LAYOUTS",
+  "LAYOUT_NAMES",
+  "ROWMAJOR",
+  "SM100_128X4",
+  "SCALE_DTYPES",
+  "get_layout",
+  "layouts_table",
+  "swizzle_scales",
+  "unswizzle_scales",
+  "swizzled_shape",
+  "padding_value",
+  "resolve_layout",
 ]
 
 ROWMAJOR = "rowmajor"
@@ -118,10 +118,10 @@ SM100_128X4 = "sm100_128x4"
 
 #: Scale dtypes :func:`swizzle_scales` accepts (uint8 = raw E8M0/E4M3 bytes).
 SCALE_DTYPES = (
-    np.dtype(ml_dtypes.float8_e8m0fnu),
-    np.dtype(ml_dtypes.float8_e4m3fn),
-    np.dtype(np.float32),
-    np.dtype(np.uint8),
+  np.dtype(ml_dtypes.float8_e8m0fnu),
+  np.dtype(ml_dtypes.float8_e4m3fn),
+  np.dtype(np.float32),
+  np.dtype(np.uint8),
 )
 # Same-width unsigned integer used to move / pad scales bit-exactly.
 _UINT_OF_SIZE = {1: np.dtype(np.uint8), 2: np.dtype(np.uint16),
@@ -136,81 +136,81 @@ _ROW_OUTER = _ATOM_ROWS // _ROW_INNER   # 4
 
 @dataclasses.dataclass(frozen=True)
 class ScaleLayout:
-    """One registered scale layout (immutable).
+  """One registered scale layout (immutable).
 
-    Attributes:
-      name: canonical registry key.
-      aliases: other accepted names.
-      row_tile: rows are padded to a multiple of this (1: no padding).
-      k_tile: K-blocks are padded to a multiple of this (1: no padding).
-      padding: description of the padding value.
-      description: human description (multi-line ok).
-    """
+  Attributes:
+    name: canonical registry key.
+    aliases: other accepted names.
+    row_tile: rows are padded to a multiple of this (1: no padding).
+    k_tile: K-blocks are padded to a multiple of this (1: no padding).
+    padding: description of the padding value.
+    description: human description (multi-line ok).
+  """
 
-    name: str
-    aliases: Tuple[str, ...]
-    row_tile: int
-    k_tile: int
-    padding: str
-    description: str
+  name: str
+  aliases: Tuple[str, ...]
+  row_tile: int
+  k_tile: int
+  padding: str
+  description: str
 
-    @property
-    def is_rowmajor(self) -> bool:
-        return self.name == ROWMAJOR
+  @property
+  def is_rowmajor(self) -> bool:
+    return self.name == ROWMAJOR
 
-    def padded_dims(self, rows: int, k_blocks: int) -> Tuple[int, int]:
-        """``(rows, k_blocks)`` rounded up to whole tiles."""
-        return (-(-int(rows) // self.row_tile) * self.row_tile,
-                -(-int(k_blocks) // self.k_tile) * self.k_tile)
+  def padded_dims(self, rows: int, k_blocks: int) -> Tuple[int, int]:
+    """``(rows, k_blocks)`` rounded up to whole tiles."""
+    return (-(-int(rows) // self.row_tile) * self.row_tile,
+            -(-int(k_blocks) // self.k_tile) * self.k_tile)
 
-    def stored_shape(self, shape) -> Tuple[int, ...]:
-        """Shape of the stored scales for a row-major scale matrix of shape
-        ``(..., rows, k_blocks)``."""
-        shape = tuple(int(s) for s in shape)
-        *lead, rows, kb = shape
-        if self.is_rowmajor:
-            return shape
-        r, k = self.padded_dims(rows, kb)
-        return (*lead, r // _ATOM_ROWS, k // _ATOM_KB, _ROW_INNER,
-                _ROW_OUTER, _ATOM_KB)
+  def stored_shape(self, shape) -> Tuple[int, ...]:
+    """Shape of the stored scales for a row-major scale matrix of shape
+    ``(..., rows, k_blocks)``."""
+    shape = tuple(int(s) for s in shape)
+    *lead, rows, kb = shape
+    if self.is_rowmajor:
+      return shape
+    r, k = self.padded_dims(rows, kb)
+    return (*lead, r // _ATOM_ROWS, k // _ATOM_KB, _ROW_INNER,
+            _ROW_OUTER, _ATOM_KB)
 
-    def describe(self) -> str:
-        alias = f" (aliases: {', '.join(self.aliases)})" if self.aliases else ""
-        lines = [f"{self.name}{alias}", *("  " + ln for ln in
-                                           self.description.splitlines()),
-                 f"  padding: {self.padding}"]
-        return "\n".join(lines)
+  def describe(self) -> str:
+    alias = f" (aliases: {', '.join(self.aliases)})" if self.aliases else ""
+    lines = [f"{self.name}{alias}", *("  " + ln for ln in
+                                      self.description.splitlines()),
+             f"  padding: {self.padding}"]
+    return "\n".join(lines)
 
-    def __str__(self) -> str:
-        return self.describe()
+  def __str__(self) -> str:
+    return self.describe()
 
 
 _ROWS = (
-    ScaleLayout(
-        name=ROWMAJOR,
-        aliases=(),
-        row_tile=1,
-        k_tile=1,
-        padding="none",
-        description=(
-            "plain row-major scale matrix (..., rows, k_blocks); what "
-            "quantize() returns by default"),
-    ),
-    ScaleLayout(
-        name=SM100_128X4,
-        aliases=("cublas_128x4", "cutlass_sm1xx"),
-        row_tile=_ATOM_ROWS,
-        k_tile=_ATOM_KB,
-        padding=("all-zero bits (E8M0 0x00 = 2^-127, E4M3 +0, float32 +0): "
-                 "finite, never read into a result"),
-        description=(
-            "Blackwell block-scaled GEMM layout (cuBLASLt VEC16_UE4M3 / "
-            "VEC32_UE8M0, cuDNN, CUTLASS Sm1xxBlockScaledConfig):\n"
-            "rows padded to 128, k_blocks to 4; 128x4 atoms of 512 "
-            "elements, K-tile fastest;\n"
-            "in an atom, (row, kb) -> (row%32)*16 + (row%128//32)*4 + kb%4;\n"
-            "stored as (..., R/128, KB/4, 32, 4, 4) [rt, kt, r32, r4, k4]"),
-    ),
+  ScaleLayout(
+    name=ROWMAJOR,
+    aliases=(),
+    row_tile=1,
+    k_tile=1,
+    padding="none",
+    description=(
+      "plain row-major scale matrix (..., rows, k_blocks); what "
+      "quantize() returns by default"),
+  ),
+  ScaleLayout(
+    name=SM100_128X4,
+    aliases=("cublas_128x4", "cutlass_sm1xx"),
+    row_tile=_ATOM_ROWS,
+    k_tile=_ATOM_KB,
+    padding=("all-zero bits (E8M0 0x00 = 2^-127, E4M3 +0, float32 +0): "
+             "finite, never read into a result"),
+    description=(
+      "Blackwell block-scaled GEMM layout (cuBLASLt VEC16_UE4M3 / "
+      "VEC32_UE8M0, cuDNN, CUTLASS Sm1xxBlockScaledConfig):\n"
+      "rows padded to 128, k_blocks to 4; 128x4 atoms of 512 "
+      "elements, K-tile fastest;\n"
+      "in an atom, (row, kb) -> (row%32)*16 + (row%128//32)*4 + kb%4;\n"
+      "stored as (..., R/128, KB/4, 32, 4, 4) [rt, kt, r32, r4, k4]"),
+  ),
 )
 
 #: All registered layouts by canonical name.
@@ -221,161 +221,161 @@ _ALIASES = {alias: row.name for row in _ROWS for alias in row.aliases}
 
 
 def get_layout(layout) -> ScaleLayout:
-    """The :class:`ScaleLayout` for a name or alias (a ScaleLayout is returned
-    unchanged).  ``TypeError`` for a non-string, ``ValueError`` listing the
-    valid names for an unknown one."""
-    if isinstance(layout, ScaleLayout):
-        return layout
-    if not isinstance(layout, str):
-        raise TypeError(f"get_layout: layout must be a layout name (str), got "
-                        f"{type(layout).__name__}")
-    name = _ALIASES.get(layout, layout)
-    try:
-        return LAYOUTS[name]
-    except KeyError:
-        valid = ", ".join(list(LAYOUT_NAMES) + sorted(_ALIASES))
-        raise ValueError(f"get_layout: unknown scale layout {layout!r}; valid "
-                         f"names are: {valid}") from None
+  """The :class:`ScaleLayout` for a name or alias (a ScaleLayout is returned
+  unchanged).  ``TypeError`` for a non-string, ``ValueError`` listing the
+  valid names for an unknown one."""
+  if isinstance(layout, ScaleLayout):
+    return layout
+  if not isinstance(layout, str):
+    raise TypeError(f"get_layout: layout must be a layout name (str), got "
+                    f"{type(layout).__name__}")
+  name = _ALIASES.get(layout, layout)
+  try:
+    return LAYOUTS[name]
+  except KeyError:
+    valid = ", ".join(list(LAYOUT_NAMES) + sorted(_ALIASES))
+    raise ValueError(f"get_layout: unknown scale layout {layout!r}; valid "
+                     f"names are: {valid}") from None
 
 
 def layouts_table() -> str:
-    """Human-readable description of every registered layout."""
-    return "\n\n".join(row.describe() for row in _ROWS)
+  """Human-readable description of every registered layout."""
+  return "\n\n".join(row.describe() for row in _ROWS)
 
 
 def padding_value(dtype) -> np.ndarray:
-    """The padding scale (a 0-d NumPy array of ``dtype``): all-zero bits."""
-    dt = _check_dtype(dtype, "padding_value", "dtype")
-    return np.zeros((), _UINT_OF_SIZE[dt.itemsize]).view(dt)
+  """The padding scale (a 0-d NumPy array of ``dtype``): all-zero bits."""
+  dt = _check_dtype(dtype, "padding_value", "dtype")
+  return np.zeros((), _UINT_OF_SIZE[dt.itemsize]).view(dt)
 
 
 def swizzled_shape(shape, layout=SM100_128X4) -> Tuple[int, ...]:
-    """Stored shape, under ``layout``, of a row-major scale matrix of shape
-    ``(..., rows, k_blocks)``."""
-    who = "swizzled_shape"
-    lay = _resolve(layout, who)
-    try:
-        shape = tuple(int(s) for s in shape)
-    except (TypeError, ValueError):
-        raise TypeError(f"{who}: shape must be a tuple of ints, got "
-                        f"{shape!r}") from None
-    _check_rows_kb(shape, who, "shape")
-    return lay.stored_shape(shape)
+  """Stored shape, under ``layout``, of a row-major scale matrix of shape
+  ``(..., rows, k_blocks)``."""
+  who = "swizzled_shape"
+  lay = resolve_layout(layout, who)
+  try:
+    shape = tuple(int(s) for s in shape)
+  except (TypeError, ValueError):
+    raise TypeError(f"{who}: shape must be a tuple of ints, got "
+                    f"{shape!r}") from None
+  _check_rows_kb(shape, who, "shape")
+  return lay.stored_shape(shape)
 
 
 # ----------------------------------------------------------------------------
 # validation helpers
 # ----------------------------------------------------------------------------
-def _resolve(layout, who: str) -> ScaleLayout:
-    try:
-        return get_layout(layout)
-    except (TypeError, ValueError) as e:
-        msg = str(e).replace("get_layout: ", "")
-        raise type(e)(f"{who}: {msg}") from None
+def resolve_layout(layout, who: str) -> ScaleLayout:
+  try:
+    return get_layout(layout)
+  except (TypeError, ValueError) as e:
+    msg = str(e).replace("get_layout: ", "")
+    raise type(e)(f"{who}: {msg}") from None
 
 
 def _check_dtype(dtype, who: str, name: str) -> np.dtype:
-    try:
-        dt = np.dtype(dtype)
-    except TypeError:
-        raise TypeError(f"{who}: {name} must be a dtype, got {dtype!r}") \
-            from None
-    if dt not in SCALE_DTYPES:
-        allowed = ", ".join(d.name for d in SCALE_DTYPES)
-        raise TypeError(f"{who}: {name} must be one of {allowed}, got "
-                        f"{dt.name}")
-    return dt
+  try:
+    dt = np.dtype(dtype)
+  except TypeError:
+    raise TypeError(f"{who}: {name} must be a dtype, got {dtype!r}") \
+      from None
+  if dt not in SCALE_DTYPES:
+    allowed = ", ".join(d.name for d in SCALE_DTYPES)
+    raise TypeError(f"{who}: {name} must be one of {allowed}, got "
+                    f"{dt.name}")
+  return dt
 
 
 def _check_rows_kb(shape, who: str, name: str):
-    if len(shape) < 2:
-        raise ValueError(f"{who}: {name} must have at least 2 dimensions "
-                         f"(..., rows, k_blocks), got shape {tuple(shape)}")
-    if any(int(d) < 1 for d in shape):
-        raise ValueError(f"{who}: every dimension of {name} must be >= 1 "
-                         f"(rows, k_blocks and batch dims), got shape "
-                         f"{tuple(shape)}")
+  if len(shape) < 2:
+    raise ValueError(f"{who}: {name} must have at least 2 dimensions "
+                     f"(..., rows, k_blocks), got shape {tuple(shape)}")
+  if any(int(d) < 1 for d in shape):
+    raise ValueError(f"{who}: every dimension of {name} must be >= 1 "
+                     f"(rows, k_blocks and batch dims), got shape "
+                     f"{tuple(shape)}")
 
 
 def _as_scale_array(a, who: str, name: str):
-    if not hasattr(a, "shape") or not hasattr(a, "dtype"):
-        raise TypeError(f"{who}: {name} must be an array, got "
-                        f"{type(a).__name__}")
-    _check_dtype(a.dtype, who, f"{name}.dtype")
-    return a if isinstance(a, jax.Array) else jnp.asarray(a)
+  if not hasattr(a, "shape") or not hasattr(a, "dtype"):
+    raise TypeError(f"{who}: {name} must be an array, got "
+                    f"{type(a).__name__}")
+  _check_dtype(a.dtype, who, f"{name}.dtype")
+  return a if isinstance(a, jax.Array) else jnp.asarray(a)
 
 
 def _static_positive_int(v, who: str, name: str) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-        raise TypeError(f"{who}: {name} must be a (static) int, got {v!r}")
-    if v < 1:
-        raise ValueError(f"{who}: {name} must be >= 1, got {v}")
-    return int(v)
+  if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+    raise TypeError(f"{who}: {name} must be a (static) int, got {v!r}")
+  if v < 1:
+    raise ValueError(f"{who}: {name} must be >= 1, got {v}")
+  return int(v)
 
 
 # ----------------------------------------------------------------------------
 # swizzle / unswizzle
 # ----------------------------------------------------------------------------
 def swizzle_scales(scales, layout=SM100_128X4) -> jax.Array:
-    """Row-major scales ``(..., rows, k_blocks)`` -> ``layout``.
+  """Row-major scales ``(..., rows, k_blocks)`` -> ``layout``.
 
-    For ``"sm100_128x4"`` the result has shape
-    ``(..., ceil(rows/128), ceil(k_blocks/4), 32, 4, 4)`` (see the module
-    docstring for the order and the padding); for ``"rowmajor"`` ``scales`` is
-    returned unchanged.  Same dtype (``float8_e8m0fnu``, ``float8_e4m3fn``,
-    ``float32`` or ``uint8``), bit-exact.  Works under ``jax.jit``.
-    """
-    who = "swizzle_scales"
-    lay = _resolve(layout, who)
-    scales = _as_scale_array(scales, who, "scales")
-    _check_rows_kb(scales.shape, who, "scales")
-    if lay.is_rowmajor:
-        return scales
-    return _swizzle_impl(scales)
+  For ``"sm100_128x4"`` the result has shape
+  ``(..., ceil(rows/128), ceil(k_blocks/4), 32, 4, 4)`` (see the module
+  docstring for the order and the padding); for ``"rowmajor"`` ``scales`` is
+  returned unchanged.  Same dtype (``float8_e8m0fnu``, ``float8_e4m3fn``,
+  ``float32`` or ``uint8``), bit-exact.  Works under ``jax.jit``.
+  """
+  who = "swizzle_scales"
+  lay = resolve_layout(layout, who)
+  scales = _as_scale_array(scales, who, "scales")
+  _check_rows_kb(scales.shape, who, "scales")
+  if lay.is_rowmajor:
+    return scales
+  return _swizzle_impl(scales)
 
 
 def unswizzle_scales(swizzled, rows: int, k_blocks: int,
                      layout=SM100_128X4) -> jax.Array:
-    """Inverse of :func:`swizzle_scales`: ``layout`` -> row-major
-    ``(..., rows, k_blocks)`` (padding dropped).
+  """Inverse of :func:`swizzle_scales`: ``layout`` -> row-major
+  ``(..., rows, k_blocks)`` (padding dropped).
 
-    ``rows`` and ``k_blocks`` are the unpadded sizes (static ints); the
-    trailing dims of ``swizzled`` must be exactly
-    ``(ceil(rows/128), ceil(k_blocks/4), 32, 4, 4)`` for ``"sm100_128x4"``,
-    ``(rows, k_blocks)`` for ``"rowmajor"``.
-    """
-    who = "unswizzle_scales"
-    lay = _resolve(layout, who)
-    rows = _static_positive_int(rows, who, "rows")
-    k_blocks = _static_positive_int(k_blocks, who, "k_blocks")
-    swizzled = _as_scale_array(swizzled, who, "swizzled")
-    tail = lay.stored_shape((rows, k_blocks))
-    nt = len(tail)
-    if swizzled.ndim < nt or tuple(swizzled.shape[-nt:]) != tail:
-        raise ValueError(
-            f"{who}: for layout {lay.name!r} with rows={rows}, "
-            f"k_blocks={k_blocks}, swizzled must have shape (..., "
-            f"{', '.join(map(str, tail))}), got {tuple(swizzled.shape)}")
-    if any(int(d) < 1 for d in swizzled.shape):
-        raise ValueError(f"{who}: every dimension of swizzled must be >= 1, "
-                         f"got shape {tuple(swizzled.shape)}")
-    if lay.is_rowmajor:
-        return swizzled
-    return _unswizzle_impl(swizzled, rows, k_blocks)
+  ``rows`` and ``k_blocks`` are the unpadded sizes (static ints); the
+  trailing dims of ``swizzled`` must be exactly
+  ``(ceil(rows/128), ceil(k_blocks/4), 32, 4, 4)`` for ``"sm100_128x4"``,
+  ``(rows, k_blocks)`` for ``"rowmajor"``.
+  """
+  who = "unswizzle_scales"
+  lay = resolve_layout(layout, who)
+  rows = _static_positive_int(rows, who, "rows")
+  k_blocks = _static_positive_int(k_blocks, who, "k_blocks")
+  swizzled = _as_scale_array(swizzled, who, "swizzled")
+  tail = lay.stored_shape((rows, k_blocks))
+  nt = len(tail)
+  if swizzled.ndim < nt or tuple(swizzled.shape[-nt:]) != tail:
+    raise ValueError(
+      f"{who}: for layout {lay.name!r} with rows={rows}, "
+      f"k_blocks={k_blocks}, swizzled must have shape (..., "
+      f"{', '.join(map(str, tail))}), got {tuple(swizzled.shape)}")
+  if any(int(d) < 1 for d in swizzled.shape):
+    raise ValueError(f"{who}: every dimension of swizzled must be >= 1, "
+                     f"got shape {tuple(swizzled.shape)}")
+  if lay.is_rowmajor:
+    return swizzled
+  return _unswizzle_impl(swizzled, rows, k_blocks)
 
 
 def _bits(a: jax.Array) -> jax.Array:
-    u = _UINT_OF_SIZE[np.dtype(a.dtype).itemsize]
-    if np.dtype(a.dtype) == u:
-        return a
-    return jax.lax.bitcast_convert_type(a, u)
+  u = _UINT_OF_SIZE[np.dtype(a.dtype).itemsize]
+  if np.dtype(a.dtype) == u:
+    return a
+  return jax.lax.bitcast_convert_type(a, u)
 
 
 def _from_bits(u: jax.Array, dt) -> jax.Array:
-    dt = np.dtype(dt)
-    if np.dtype(u.dtype) == dt:
-        return u
-    return jax.lax.bitcast_convert_type(u, dt)
+  dt = np.dtype(dt)
+  if np.dtype(u.dtype) == dt:
+    return u
+  return jax.lax.bitcast_convert_type(u, dt)
 
 
 # Atom-view axis order: the padded (R, KB) matrix reshaped as
@@ -386,49 +386,24 @@ _ATOM_PERM = (0, 3, 2, 1, 4)
 
 @jax.jit
 def _swizzle_impl(scales: jax.Array) -> jax.Array:
-    *lead, rows, kb = scales.shape
-    n = len(lead)
-    r_pad, kb_pad = LAYOUTS[SM100_128X4].padded_dims(rows, kb)
-    u = _bits(scales)
-    # Zero bits, on the integer view (never a float zero: E8M0 has none).
-    u = jnp.pad(u, [(0, 0)] * n + [(0, r_pad - rows), (0, kb_pad - kb)])
-    u = u.reshape(*lead, r_pad // _ATOM_ROWS, _ROW_OUTER, _ROW_INNER,
-                  kb_pad // _ATOM_KB, _ATOM_KB)
-    u = jnp.transpose(u, tuple(range(n)) + tuple(n + p for p in _ATOM_PERM))
-    return _from_bits(u, scales.dtype)
+  *lead, rows, kb = scales.shape
+  n = len(lead)
+  r_pad, kb_pad = LAYOUTS[SM100_128X4].padded_dims(rows, kb)
+  u = _bits(scales)
+  # Zero bits, on the integer view (never a float zero: E8M0 has none).
+  u = jnp.pad(u, [(0, 0)] * n + [(0, r_pad - rows), (0, kb_pad - kb)])
+  u = u.reshape(*lead, r_pad // _ATOM_ROWS, _ROW_OUTER, _ROW_INNER,
+                kb_pad // _ATOM_KB, _ATOM_KB)
+  u = jnp.transpose(u, tuple(range(n)) + tuple(n + p for p in _ATOM_PERM))
+  return _from_bits(u, scales.dtype)
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2))
 def _unswizzle_impl(swizzled: jax.Array, rows: int, kb: int) -> jax.Array:
-    lead = swizzled.shape[:-5]
-    n = len(lead)
-    r_pad, kb_pad = LAYOUTS[SM100_128X4].padded_dims(rows, kb)
-    u = _bits(swizzled)
-    u = jnp.transpose(u, tuple(range(n)) + tuple(n + p for p in _ATOM_PERM))
-    u = u.reshape(*lead, r_pad, kb_pad)[..., :rows, :kb]
-    return _from_bits(u, swizzled.dtype)
-
-
-# ----------------------------------------------------------------------------
-# QuantizedArray conversion
-# ----------------------------------------------------------------------------
-def to_layout(q, layout):
-    """A copy of QuantizedArray ``q`` whose scales are stored in ``layout``
-    (same data, global scale, format, shape, axis, dtype).  Returns ``q``
-    itself if it already uses ``layout``.  Non-row-major layouts need a
-    block-scaled format with E8M0/E4M3 scales (MX formats, NVFP4)."""
-    from .quantize import QuantizedArray, _check_layout_format  # no cycle
-    who = "to_layout"
-    if not isinstance(q, QuantizedArray):
-        raise TypeError(f"{who}: q must be a QuantizedArray, got "
-                        f"{type(q).__name__}")
-    lay = _resolve(layout, who)
-    if lay.name == q.layout:
-        return q
-    _check_layout_format(q.format, lay, who)
-    rows_kb = q.format.scales_shape(q.canonical_shape)[-2:]
-    plain = unswizzle_scales(q.scales, *rows_kb, layout=q.layout)
-    scales = swizzle_scales(plain, lay)
-    return QuantizedArray(q.data, scales, q.global_scale, format=q.format,
-                          shape=q.shape, axis=q.axis, dtype=q.dtype,
-                          layout=lay.name)
+  lead = swizzled.shape[:-5]
+  n = len(lead)
+  r_pad, kb_pad = LAYOUTS[SM100_128X4].padded_dims(rows, kb)
+  u = _bits(swizzled)
+  u = jnp.transpose(u, tuple(range(n)) + tuple(n + p for p in _ATOM_PERM))
+  u = u.reshape(*lead, r_pad, kb_pad)[..., :rows, :kb]
+  return _from_bits(u, swizzled.dtype)

@@ -90,7 +90,7 @@ def _scale_mode(arg: str, shape: Optional[Sequence[int]], dtype, rows: int, batc
 
 def _gemm_dims(a_shape, b_shape) -> tuple:
   """(batch, M, K, N) of a (..., M, K) x (N, K) GEMM, with the rules every kernel family shares:
-  no zero-size dims, matching K, K and N aligned for TMA."""
+  no zero-size dims, matching K, K and N aligned for TMA, every dim < 2**31."""
   batch = a_shape[:-2]
   m = int(np.prod(a_shape[:-1]))
   k = a_shape[-1]
@@ -106,6 +106,8 @@ def _gemm_dims(a_shape, b_shape) -> tuple:
   if n % N_ALIGN:
     raise ValueError(f"N (b.shape[0]) must be a multiple of {N_ALIGN} (TMA: 16-byte aligned output rows), "
                      f"got {n}")
+  if max(m, n, k) >= 2**31:
+    raise ValueError(f"dimensions must be < 2**31, got M={m} N={n} K={k}")
   return batch, m, k, n
 
 
@@ -123,6 +125,17 @@ def _normalize_operands(a_shape, a_dtype, b_shape, b_dtype, out_dtype, outs: str
   if len(b_shape) != 2:
     raise ValueError(f"b must have rank 2 (N, K), got shape {b_shape}")
   return a_shape, a_dtype, b_shape, b_dtype, out_dtype
+
+
+def _check_bias(bias_shape, bias_dtype, n: int) -> bool:
+  """Whether there is a bias; when there is, it must be a floating (N,) vector."""
+  if bias_shape is None:
+    return False
+  if tuple(bias_shape) != (n,):
+    raise ValueError(f"bias must have shape (N,) = ({n},), got {tuple(bias_shape)}")
+  if bias_dtype is not None and not _is_float(bias_dtype):
+    raise TypeError(f"bias must be floating-point, got {_name(bias_dtype)}")
+  return True
 
 
 def fp8_gemm_problem(a_shape, a_dtype, b_shape, b_dtype, *, a_scale_shape=None, a_scale_dtype=None,
@@ -147,16 +160,9 @@ def fp8_gemm_problem(a_shape, a_dtype, b_shape, b_dtype, *, a_scale_shape=None, 
   if out_dtype not in OUT_DTYPES:
     raise TypeError(f"out_dtype must be one of bfloat16, float16, float32, got {_name(out_dtype)}")
   batch, m, k, n = _gemm_dims(a_shape, b_shape)
-  if max(m, n, k) >= 2**31:
-    raise ValueError(f"dimensions must be < 2**31, got M={m} N={n} K={k}")
   a_mode = _scale_mode("a_scale", a_scale_shape, a_scale_dtype, m, batch, "row")
   b_mode = _scale_mode("b_scale", b_scale_shape, b_scale_dtype, n, (), "channel")
-  has_bias = bias_shape is not None
-  if has_bias:
-    if tuple(bias_shape) != (n,):
-      raise ValueError(f"bias must have shape (N,) = ({n},), got {tuple(bias_shape)}")
-    if bias_dtype is not None and not _is_float(bias_dtype):
-      raise TypeError(f"bias must be floating-point, got {_name(bias_dtype)}")
+  has_bias = _check_bias(bias_shape, bias_dtype, n)
   return GemmProblem(m=m, n=n, k=k, batch_shape=batch, a_dtype=a_dtype, b_dtype=b_dtype,
                      out_dtype=out_dtype, a_scale=a_mode, b_scale=b_mode, has_bias=has_bias)
 
@@ -238,8 +244,6 @@ def fp8_blockwise_problem(a_shape, a_dtype, b_shape, b_dtype, a_scales_shape, a_
   if out_dtype not in BLOCKWISE_OUT_DTYPES:
     raise TypeError(f"out_dtype must be one of {outs}, got {_name(out_dtype)}")
   batch, m, k, n = _gemm_dims(a_shape, b_shape)
-  if max(m, n, k) >= 2**31:
-    raise ValueError(f"dimensions must be < 2**31, got M={m} N={n} K={k}")
   kb = _cdiv(k, BLOCK_K)
   if a_scales_shape is None:
     raise ValueError("a_scales is required: float32 of shape (..., M, ceil(K/128))")
@@ -263,11 +267,6 @@ def fp8_blockwise_problem(a_shape, a_dtype, b_shape, b_dtype, a_scales_shape, a_
                      f"got {b_scales_shape}")
   if b_scales_dtype is not None and np.dtype(b_scales_dtype) != F32:
     raise TypeError(f"b_scales must be float32, got {_name(b_scales_dtype)}")
-  has_bias = bias_shape is not None
-  if has_bias:
-    if tuple(bias_shape) != (n,):
-      raise ValueError(f"bias must have shape (N,) = ({n},), got {tuple(bias_shape)}")
-    if bias_dtype is not None and not _is_float(bias_dtype):
-      raise TypeError(f"bias must be floating-point, got {_name(bias_dtype)}")
+  has_bias = _check_bias(bias_shape, bias_dtype, n)
   return BlockwiseProblem(m=m, n=n, k=k, batch_shape=batch, a_dtype=a_dtype, b_dtype=b_dtype,
                           out_dtype=out_dtype, variant=variant, has_bias=has_bias)

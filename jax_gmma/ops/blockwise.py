@@ -4,37 +4,32 @@
 The primitive ``fp8_blockwise_gemm_p`` takes its scales in the kernels' layout (see
 :func:`kernel_scale_layout`); its default lowering is the pure-JAX reference (dequantize the
 blocks, float32 dot, cast), its CUDA lowering the CUTLASS kernel (XLA FFI custom call
-``jax_gmma_fp8_blockwise_gemm``). Public entry points: :func:`blockwise_gemm` and
-:func:`scaled_matmul` (``jax.nn.scaled_matmul``'s signature and semantics).
+``jax_gmma_fp8_blockwise_gemm``). Public entry point: :func:`blockwise_gemm`
+(also behind :func:`jax_gmma.dot` for fp8_128x128 / fp8_1x128 weights and
+:func:`jax_gmma.scaled_matmul` for block size 128).
 """
 from __future__ import annotations
 
 import functools
 from typing import Optional
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.core import ShapedArray
 from jax.interpreters import mlir
 
-try:  # jax >= 0.4.36
-  from jax.extend.core import Primitive
-except ImportError:  # pragma: no cover
-  from jax.core import Primitive
-from jax._src import dispatch  # apply_primitive: eager execution of a primitive via jit
-
-from . import _backend, _vma, blockwise_configs, shapes
-from . import sharding as _sharding
-from .formats import E8M0
+from .. import _backend, _vma, batching, primitive, sharding
+from ..arrays import QuantizedArray
+from ..numerics import shapes
+from . import blockwise_configs, quantize
 
 BLOCKWISE_GEMM_TARGET = _backend.FP8_BLOCKWISE_GEMM_TARGET
 #: Rows of the kernel scale layout are padded to a multiple of this (16-byte aligned columns).
 SCALE_LD_ALIGN = 4
 
-fp8_blockwise_gemm_p = Primitive("jax_gmma_fp8_blockwise_gemm")
-fp8_blockwise_gemm_p.def_impl(functools.partial(dispatch.apply_primitive, fp8_blockwise_gemm_p))
+#: Weight formats this family multiplies (``jax_gmma.dot``); activations are quantized to
+#: fp8_1x128.
+WEIGHT_FORMATS = ("fp8_128x128", "fp8_1x128")
 
 
 # -- scale layouts -----------------------------------------------------------------------------
@@ -98,15 +93,11 @@ def _abstract_eval(a, b, a_scales_t, b_scales_t, bias, *, out_dtype, **_):
   return _vma.out_aval((a.shape[0], b.shape[0]), out_dtype, a, b, a_scales_t, b_scales_t, bias)
 
 
-fp8_blockwise_gemm_p.def_abstract_eval(_abstract_eval)
-# Default lowering (every platform): the pure-JAX reference.
-mlir.register_lowering(fp8_blockwise_gemm_p,
-                       _sharding.lowering(fp8_blockwise_gemm_p, mlir.lower_fun(_reference_lowering, multiple_results=False)))
-
 
 # -- CUDA lowering -----------------------------------------------------------------------------
 
-def _has_blockwise_kernels() -> bool:
+def has_kernels() -> bool:
+  """Whether the built library holds the block-scaled kernels."""
   e = _backend.ext()
   return bool(e is not None and hasattr(e, "check_blockwise") and
               any(str(k["config"]).startswith("blockwise_") for k in e.kernels()))
@@ -130,44 +121,103 @@ def plan(problem: shapes.BlockwiseProblem, sm_count: int, *, config=None, splits
   return cfg, s, ws, order
 
 
-def _cuda_lowering(ctx, a, b, a_scales_t, b_scales_t, bias, *, out_dtype, variant, has_bias, config,
-                   splits, swizzle, raster):
-  params = dict(out_dtype=out_dtype, variant=variant, has_bias=has_bias, config=config, splits=splits)
-  dev = _backend.check_cuda_kernels("blockwise_gemm")
-  if dev is not None and not _has_blockwise_kernels():
-    if not _backend.reference_allowed():
-      raise _backend.KernelUnavailable(
-          "jax_gmma.blockwise_gemm: this build of jax_gmma has no block-scaled kernels; rebuild it "
-          "with nvcc on PATH. Refusing to fall back silently to the slower pure-JAX reference; set "
-          "JAX_GMMA_ALLOW_REFERENCE=1, call jax_gmma.set_allow_reference(True), or trace inside "
-          "`with jax_gmma.allow_reference():` to run it anyway.")
-    dev = None
-  if dev is None:  # the user opted in to the reference path
-    return mlir.lower_fun(_reference_lowering, multiple_results=False)(ctx, a, b, a_scales_t,
-                                                                       b_scales_t, bias, **params)
-  _backend.register_targets()
+def _kernel_missing(ctx, params):
+  why = _backend.missing_reason("blockwise_gemm")
+  if why is None and not has_kernels():
+    why = "this build of jax_gmma has no block-scaled kernels; rebuild it with nvcc on PATH"
+  return why
+
+
+def _kernel(ctx, a, b, a_scales_t, b_scales_t, bias, *, out_dtype, variant, has_bias, config,
+            splits, swizzle, raster):
   _backend.prepare_devices()
   av, bv = ctx.avals_in[:2]  # shapes and scale layouts were checked by blockwise_gemm
   problem = shapes.BlockwiseProblem(m=av.shape[0], n=bv.shape[0], k=av.shape[1], batch_shape=(),
                                     a_dtype=np.dtype(av.dtype), b_dtype=np.dtype(bv.dtype),
                                     out_dtype=np.dtype(out_dtype), variant=variant, has_bias=has_bias)
-  sm_count = int(dev.core_count)
+  sm_count = int(_backend.first_cuda_device().core_count)
   cfg, s, ws, (sw, ro) = plan(problem, sm_count, config=config, splits=splits, swizzle=swizzle,
                               raster=raster)
-  # The workspace (stream-K partials and flags) is a second result: XLA owns the memory, so it
-  # is valid under CUDA-graph replay and nothing is allocated at run time.
-  ws_aval = ShapedArray((max(int(ws), 16),), np.dtype(np.uint8))
-  rule = jax.ffi.ffi_lowering(BLOCKWISE_GEMM_TARGET)
-  sub = ctx.replace(avals_out=[ctx.avals_out[0], ws_aval])
-  results = rule(sub, a, b, a_scales_t, b_scales_t, bias,
-                 config=blockwise_configs.kernel_name(cfg, variant), splits=np.int32(s),
-                 sm_count=np.int32(sm_count), has_bias=bool(has_bias), swizzle=np.int32(sw),
-                 raster=np.int32(blockwise_configs.RASTERS[ro]))
-  return [results[0]]
+  return primitive.ffi_with_workspace(
+      BLOCKWISE_GEMM_TARGET, ctx, (a, b, a_scales_t, b_scales_t, bias), ws,
+      config=blockwise_configs.kernel_name(cfg, variant), splits=np.int32(s),
+      sm_count=np.int32(sm_count), has_bias=bool(has_bias), swizzle=np.int32(sw),
+      raster=np.int32(blockwise_configs.RASTERS[ro]))
 
 
-mlir.register_lowering(fp8_blockwise_gemm_p,
-                       _sharding.lowering(fp8_blockwise_gemm_p, _cuda_lowering), platform="cuda")
+def _partition_rule(avals, params):
+  a, b, sa_t, sb_t, bias = avals
+  m, k = a.shape
+  n = b.shape[0]
+  row_block = shapes.BLOCK_N if params["variant"] == "1d2d" else 1
+  rows_b = -(-n // row_block)
+  pad = SCALE_LD_ALIGN
+
+  def rows_split(rows, d, what):
+    # the kernel layout pads scale rows to a multiple of SCALE_LD_ALIGN: a shard's rows must
+    # be a whole multiple of it, so that the padding stays at the end of the last shard
+    return None if rows % (d * pad) == 0 else \
+        f"its {what} scale rows ({rows}) do not split into multiples of {pad} (the kernel layout's padding)"
+
+  def check(f, d):
+    if f == "m":
+      return sharding.divides(m, d, "M") or rows_split(m, d, "per-token")
+    if f == "n":
+      return (sharding.aligned(n, d, max(row_block, shapes.N_ALIGN), "N") or rows_split(rows_b, d, "weight"))
+    return sharding.aligned(k, d, shapes.BLOCK_K, "K")
+
+  compound = {}
+  if k % shapes.BLOCK_K == 0:  # the scales' K blocks split with K
+    compound["k"] = ("kb", "kr", shapes.BLOCK_K)
+  if row_block > 1 and n % row_block == 0:  # the 128-row weight-scale blocks split with N
+    compound["n"] = ("nb", "nr", row_block)
+  sa_rows = "m" if sa_t.shape[1] == m else "ma"  # (padded scale rows are never split)
+  sb_rows = ("n" if row_block == 1 else "nb") if sb_t.shape[1] == rows_b else "na"
+  kb = "kb" if "k" in compound else "ka"
+  return sharding.Rule(operands=(("m", "k"), ("n", "k"), (kb, sa_rows), (kb, sb_rows),
+                                 sharding.bias_factors(bias, n)),
+                       results=(("m", "n"),), shardable=("m", "n", "k"), check=check, compound=compound,
+                       reduction=("k",), partial=sharding.partial_f32, finish=sharding.finish_bias(4))
+
+
+
+def _fold_rest(args, dims, size, m, k, params):
+  # (a, b, a_scales_t, b_scales_t, bias): a_scales_t in the kernel layout (kb, scale_ld(M)) per
+  # element -> (kb, size * M) -> padded kernel layout
+  s = batching.front(args[2], dims[2], size)[:, :, :m]      # (size, kb, M)
+  s = jnp.moveaxis(s, 0, 1).reshape(s.shape[1], size * m)   # (kb, size * M)
+  args[2] = kernel_scale_layout(s.T)
+  return args, params
+
+
+FP8_BLOCKWISE_GEMM = primitive.define(
+    "jax_gmma_fp8_blockwise_gemm", abstract_eval=_abstract_eval, reference=_reference_lowering,
+    user_fn="jax_gmma.blockwise_gemm / scaled_matmul", kernel=_kernel,
+    kernel_missing=_kernel_missing, op="blockwise_gemm", partition_rule=_partition_rule,
+    vmap=batching.fold((1, 3, 4), _fold_rest))
+fp8_blockwise_gemm_p = FP8_BLOCKWISE_GEMM.p
+
+
+def _two_level(a, b, a_scale, b_scale, bias, *, out_dtype, has_bias):
+  """The two-level GEMM (fp8_gemm's operands) on the block-scaled 1d2d kernel: the per-tensor
+  or per-row A scale and the per-tensor B scale broadcast to every 128-K block, in the kernel's
+  MN-major scale layout (:func:`kernel_scale_layout`; one small XLA fusion each)."""
+  m, k = a.shape
+  n = b.shape[0]
+  kb = -(-k // shapes.BLOCK_K)
+  sa = kernel_scale_layout(jnp.broadcast_to(a_scale.reshape(-1, 1), (m, kb)))
+  sb = kernel_scale_layout(jnp.broadcast_to(b_scale.reshape(1, 1), (-(-n // shapes.BLOCK_N), kb)))
+  bias_in = bias if has_bias else jnp.zeros((1,), out_dtype)
+  return fp8_blockwise_gemm_p.bind(a, b, sa, sb, bias_in, out_dtype=out_dtype, variant="1d2d",
+                                   has_bias=has_bias, config=blockwise_configs.ROUTE_CONFIG,
+                                   splits=1, swizzle=None, raster=None)
+
+
+def lower_two_level(ctx, a, b, a_scale, b_scale, bias, *, out_dtype, has_bias):
+  """Lowers an fp8_gemm (two-level accumulation) onto this family's kernel: the two-level
+  route of :func:`jax_gmma.fp8_gemm` (``ops.tensorwise.two_level_route``)."""
+  return mlir.lower_fun(functools.partial(_two_level, out_dtype=out_dtype, has_bias=has_bias),
+                        multiple_results=False)(ctx, a, b, a_scale, b_scale, bias)
 
 
 # -- public API --------------------------------------------------------------------------------
@@ -225,98 +275,32 @@ def blockwise_gemm(a, b, a_scales, b_scales, *, bias=None, out_dtype=jnp.bfloat1
   return out.reshape(shapes.output_shape(problem))
 
 
-#: Block size along K of the 1x128 block-scaled kernels.
-SCALED_MATMUL_BLOCK = 128
-#: MXFP8's block size (E8M0 scales): jax_gmma.mx_gemm (jax-gmma's own kernel on Hopper).
-SCALED_MATMUL_MX_BLOCK = 32
-#: Scale dtypes scaled_matmul accepts for the kernel path (all exact in float32).
-_EXACT_SCALE_DTYPES = (shapes.F32, shapes.BF16, shapes.F16, np.dtype(E8M0))
+# -- jax_gmma.dot on this family's weights ---------------------------------------------------
+
+def serves(w) -> bool:
+  """Whether :func:`dot` multiplies weight ``w`` (an fp8_128x128 / fp8_1x128 QuantizedArray)."""
+  return isinstance(w, QuantizedArray) and w.format.name in WEIGHT_FORMATS
 
 
-def _scaled_matmul_reference(lhs, rhs, lhs_scales, rhs_scales, preferred_element_type):
-  """jax.nn.scaled_matmul's documented maths, float32, pure JAX."""
-  def deq(x, s):
-    bs = x.shape[-1] // s.shape[-1]
-    return x.astype(jnp.float32) * jnp.repeat(s.astype(jnp.float32), bs, axis=-1)
-  out = jnp.einsum("bmk,bnk->bmn", deq(lhs, lhs_scales), deq(rhs, rhs_scales),
-                   precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
-  return out.astype(preferred_element_type)
-
-
-def _mx_scaled_matmul(lhs, rhs, lhs_scales, rhs_scales, out_dtype):
-  """MXFP8 scaled_matmul: mx_gemm per batch entry on swizzled copies of the scales."""
-  from . import mx  # no import cycle at module load
-  outs = [mx.mx_gemm(mx.mxfp8_operand(lhs[i], lhs_scales[i]), mx.mxfp8_operand(rhs[i], rhs_scales[i]),
-                     out_dtype=out_dtype) for i in range(lhs.shape[0])]
-  return jnp.stack(outs) if len(outs) > 1 else outs[0][None]
-
-
-def scaled_matmul(lhs, rhs, lhs_scales, rhs_scales, preferred_element_type=jnp.float32):
-  """``jax.nn.scaled_matmul`` on jax-gmma's Hopper kernels.
-
-  lhs (B, M, K), rhs (B, N, K), lhs_scales (B, M, K // bs), rhs_scales (B, N, K // bs): out
-  (B, M, N) = einsum('BMK,BNK->BMN', lhs * repeat(lhs_scales, bs), rhs * repeat(rhs_scales, bs)).
-  With block size bs = 128, float8_e4m3fn operands and float32 / bfloat16 / float16 /
-  float8_e8m0fnu scales (converted to float32 exactly), this runs the block-scaled kernel
-  (1x128 x 1x128 scales), one GEMM per batch entry. MXFP8 (block size 32, float8_e4m3fn
-  operands, float8_e8m0fnu scales, what ``jax.nn.get_scaled_dot_general_config("mxfp8")``
-  makes) runs :func:`jax_gmma.mx_gemm` per batch entry (on Hopper jax-gmma's own kernel: every
-  scale applied exactly in float32, see :mod:`jax_gmma.mx`); its scales are swizzled to the
-  kernel layout in the same jitted computation (1/32 of the operand bytes; quantize with
-  ``layout="sm100_128x4"`` and call mx_gemm to do that once). Any other block size or dtype has
-  no kernel: it raises unless the reference path is allowed (``jax_gmma.allow_reference``),
-  which then computes the documented maths in float32.
-  """
-  lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
-  lhs_scales, rhs_scales = jnp.asarray(lhs_scales), jnp.asarray(rhs_scales)
-  if not all(x.ndim == 3 for x in (lhs, rhs, lhs_scales, rhs_scales)):
-    raise ValueError("scaled_matmul requires lhs (B, M, K), rhs (B, N, K), lhs_scales (B, M, K // bs) "
-                     "and rhs_scales (B, N, K // bs): all 3-dimensional, got shapes "
-                     f"{lhs.shape}, {rhs.shape}, {lhs_scales.shape}, {rhs_scales.shape}")
-  (bsz, m, k), (bsz_b, n, k_b) = lhs.shape, rhs.shape
-  if k != k_b or bsz != bsz_b:
-    raise ValueError(f"scaled_matmul: lhs and rhs must have matching batch (B) and contraction (K) "
-                     f"dimensions, got shapes {lhs.shape} and {rhs.shape}")
-  if lhs_scales.shape[0] != bsz or rhs_scales.shape[0] != bsz or lhs_scales.shape[2] != rhs_scales.shape[2]:
-    raise ValueError(f"scaled_matmul: scales must have matching batch (B) and contraction-block "
-                     f"dimensions, got shapes {lhs_scales.shape} and {rhs_scales.shape}")
-  if lhs_scales.shape[1] != m or rhs_scales.shape[1] != n:
-    raise ValueError(f"scaled_matmul: scales must match the non-contracting dimensions: lhs {lhs.shape}, "
-                     f"rhs {rhs.shape}, lhs_scales {lhs_scales.shape}, rhs_scales {rhs_scales.shape}")
-  kb = lhs_scales.shape[2]
-  if kb == 0 or k % kb:
-    raise ValueError(f"scaled_matmul: K ({k}) must be a multiple of the scales' last dimension ({kb})")
-  block = k // kb
-  out_dtype = np.dtype(jnp.dtype(preferred_element_type))
-  if (block == SCALED_MATMUL_MX_BLOCK and np.dtype(lhs.dtype) == shapes.F8E4M3 and
-      np.dtype(rhs.dtype) == shapes.F8E4M3 and np.dtype(lhs_scales.dtype) == np.dtype(E8M0) and
-      np.dtype(rhs_scales.dtype) == np.dtype(E8M0) and out_dtype in shapes.BLOCKWISE_OUT_DTYPES):
-    return _mx_scaled_matmul(lhs, rhs, lhs_scales, rhs_scales, out_dtype)
-  why = None
-  if block != SCALED_MATMUL_BLOCK and block != SCALED_MATMUL_MX_BLOCK:
-    why = (f"block size {block} (K={k} / {kb} scales) has no kernel behind scaled_matmul; it takes "
-           f"block size {SCALED_MATMUL_BLOCK} (the 1x128 kernels) or {SCALED_MATMUL_MX_BLOCK} with "
-           "float8_e8m0fnu scales (MXFP8, jax_gmma.mx_gemm); NVFP4 (block 16, two-level scales) goes "
-           "through jax_gmma.quantize(x, 'nvfp4', layout='sm100_128x4') and mx_gemm")
-  elif np.dtype(lhs.dtype) != shapes.F8E4M3 or np.dtype(rhs.dtype) != shapes.F8E4M3:
-    why = (f"operands {np.dtype(lhs.dtype).name} x {np.dtype(rhs.dtype).name} have no kernel; the "
-           "block-scaled kernels take float8_e4m3fn x float8_e4m3fn")
-  elif block == SCALED_MATMUL_MX_BLOCK:
-    why = (f"block size 32 takes float8_e8m0fnu scales (MXFP8), got {np.dtype(lhs_scales.dtype).name} / "
-           f"{np.dtype(rhs_scales.dtype).name}")
-  elif any(np.dtype(s.dtype) not in _EXACT_SCALE_DTYPES for s in (lhs_scales, rhs_scales)):
-    why = (f"scale dtypes {np.dtype(lhs_scales.dtype).name} / {np.dtype(rhs_scales.dtype).name} are not "
-           "supported; use float32, bfloat16, float16 or float8_e8m0fnu")
-  elif out_dtype not in shapes.BLOCKWISE_OUT_DTYPES:
-    why = f"preferred_element_type {out_dtype.name} is not one of bfloat16, float16, float32"
-  if why is not None:
-    if not _backend.reference_allowed():
-      raise ValueError(
-          f"jax_gmma.scaled_matmul: {why}. Refusing to fall back silently to the slower pure-JAX "
-          "reference; set JAX_GMMA_ALLOW_REFERENCE=1, call jax_gmma.set_allow_reference(True), or "
-          "trace inside `with jax_gmma.allow_reference():` to run it anyway.")
-    return _scaled_matmul_reference(lhs, rhs, lhs_scales, rhs_scales, out_dtype)
-  sa = lhs_scales.astype(jnp.float32)
-  sb = rhs_scales.astype(jnp.float32)
-  outs = [blockwise_gemm(lhs[i], rhs[i], sa[i], sb[i], out_dtype=out_dtype) for i in range(bsz)]
-  return jnp.stack(outs) if bsz > 1 else outs[0][None]
+def dot(x, w: QuantizedArray, *, bias, out_dtype, config, splits, **_):
+  """``jax_gmma.dot`` for fp8_128x128 / fp8_1x128 weights: x is quantized per token and 128 of K
+  (fp8_1x128, float8_e4m3fn) and multiplied by the block-scaled GEMM. Stored data of both
+  operands is K-padded to a multiple of 128 with zeros, so the padding adds nothing."""
+  if w.data.ndim != 2:
+    raise ValueError(f"w must be a 2-D (N, K) weight, got data shape {w.data.shape}")
+  if isinstance(x, QuantizedArray):
+    if x.format.name != "fp8_1x128":
+      raise ValueError(f"x: format {x.format.name!r} cannot multiply a {w.format.name} weight; "
+                       "use fp8_1x128 (or pass a float x)")
+    x_data, x_scales, x_k = x.data, x.scales, x.k
+    default_out = shapes.BF16
+  else:
+    x = jnp.asarray(x)
+    default_out = np.dtype(x.dtype) if np.dtype(x.dtype) in shapes.OUT_DTYPES else shapes.BF16
+    x_data, x_scales, _ = quantize.quantize_parts(x, "fp8_1x128", dtype=jnp.float8_e4m3fn)
+    x_k = x.shape[-1]
+  if x_k != w.k:
+    raise ValueError(f"contraction mismatch: x has K={x_k}, w has K={w.k}")
+  out_dtype = default_out if out_dtype is None else out_dtype
+  return blockwise_gemm(x_data, w.data, x_scales, w.scales, bias=bias, out_dtype=out_dtype,
+                        config=config, splits=splits)

@@ -5,22 +5,23 @@ scale variant is ``blockwise_<variant>_<name>`` (variant "1d2d": 1x128 x 128x128
 "1d1d": 1x128 x 1x128). All configs accumulate two-level: every 128 of K the tensor-core
 accumulators are promoted into float32 multiplied by that K block's scales (``accum="2lvl"``).
 Pure Python: tested on CPU. The config heuristic mirrors the tensorwise family's measured choices;
-the tile order rule was measured on the H200 (session 16, see select_tile_order).
+the tile order rule was measured on the H200 (see select_tile_order).
 """
 from __future__ import annotations
 
 from typing import Optional
 
-from . import configs as _tw
-from .configs import KernelConfig
-from .shapes import BF16, F32, F8E4M3, BlockwiseProblem, GemmProblem
+from . import tensorwise_configs as _tw
+from .tensorwise_configs import KernelConfig
+from ..numerics.shapes import BF16, F32, F8E4M3, BlockwiseProblem, GemmProblem
 
 VARIANTS = ("1d2d", "1d1d")
 
 _ALL = [
     KernelConfig("128x128x128_c1x1_coop", (128, 128, 128), (1, 1), "cooperative", False, False, "2lvl"),
     KernelConfig("128x128x128_c1x1_coop_streamk", (128, 128, 128), (1, 1), "cooperative", False, True, "2lvl"),
-    KernelConfig("64x128x128_c1x1_pingpong", (64, 128, 128), (1, 1), "pingpong", False, False, "2lvl"),
+    KernelConfig("64x128x128_c1x1_pingpong", (64, 128, 128), (1, 1), "pingpong", False, False, "2lvl",
+                 extra=True),
     KernelConfig("swap_128x16x128_coop_streamk", (128, 16, 128), (1, 1), "cooperative", True, True, "2lvl"),
     KernelConfig("swap_128x32x128_coop_streamk", (128, 32, 128), (1, 1), "cooperative", True, True, "2lvl"),
     KernelConfig("swap_128x64x128_coop_streamk", (128, 64, 128), (1, 1), "cooperative", True, True, "2lvl"),
@@ -72,7 +73,7 @@ def select_tile_order(problem, cfg: KernelConfig, *, swizzle=None, raster=None) 
   the N tile count (the tensorwise family's rule), everything else keeps CUTLASS's default
   order (1, "auto": ungrouped, along the dimension with fewer tiles). Measured on the H200 with
   ``128x128x128_c1x1_coop``, 1x128 x 128x128 scales, against the default order, 3 interleaved
-  rounds, µs (benchmarks/results/2026-12-01-h200/session16/): 8192^3 1140.6 -> 1003.0,
+  rounds, µs (measured 2026-12-01): 8192^3 1140.6 -> 1003.0,
   4096x7168x16384 913.6 -> 872.5, 4096x4096x7168 235.5 -> 227.1, 4096x4096x4096 133.9 -> 135.1,
   2048x8192x8192 253.3 -> 258.3, 4096x24576x1536 337.2 -> 337.8. 4096x2112x7168 (17 N tiles)
   keeps the default: 134.2 (8 along M: 170.6; 1 along M, the tensorwise family's choice there:
@@ -84,9 +85,9 @@ wave_efficiency = _tw.wave_efficiency
 choose_splits = _tw.choose_splits
 
 
-#: Below this wave efficiency a data-parallel grid is replaced by stream-K. 0.85 since session 17:
+#: Below this wave efficiency a data-parallel grid is replaced by stream-K. 0.85:
 #: 4096x2112x7168 (544 tiles, 0.82 of 5 waves) ran 128.6 / 130.6 / 125.7 µs on stream-K vs
-#: 132.2 / 132.3 / 132.5 data-parallel in three runs (benchmarks/results/2026-12-01-h200/session17/).
+#: 132.2 / 132.3 / 132.5 data-parallel in three runs (measured 2026-12-01).
 MIN_WAVE_EFFICIENCY = 0.85
 #: CUTLASS's stream-K heuristic decomposition (passed as splits=0 to the kernel).
 STREAM_K_HEURISTIC = 0
@@ -125,12 +126,7 @@ def select_blockwise_config(problem: BlockwiseProblem, sm_count: int, *, config:
         cfg = CONFIGS["128x128x128_c1x1_coop_streamk"]
         if splits is None:
           splits = STREAM_K_HEURISTIC
-  if splits is None:
-    splits = choose_splits(problem, cfg, sm_count)
-  elif splits < 0 or (splits != 1 and not cfg.stream_k):
-    raise ValueError(f"splits must be 1 for config {cfg.name} (no split-K), got {splits}"
-                     if splits >= 0 else f"splits must be >= 0, got {splits}")
-  return cfg, int(splits)
+  return cfg, _tw.resolve_splits(problem, cfg, sm_count, splits)
 
 
 # -- two-level per-tensor GEMMs through the block-scaled kernel ------------------------------------
@@ -138,7 +134,7 @@ def select_blockwise_config(problem: BlockwiseProblem, sm_count: int, *, config:
 #: The block-scaled config a routed two-level GEMM runs (see two_level_route).
 ROUTE_CONFIG = "128x128x128_c1x1_coop"
 #: Margin by which the block-scaled tiles' useful fraction must beat the tensorwise pick's
-#: (0.01 in sessions 15-16; 0.08 since session 17's same-process A/B, see two_level_route).
+#: (0.08 from a same-process A/B, see two_level_route; 0.01 before it).
 ROUTE_MARGIN = 0.08
 
 
@@ -152,10 +148,10 @@ def two_level_route(problem: GemmProblem, sm_count: int, *, fast_accum: bool = F
   kernel multiplies each sum by sa * sb before adding it, the tensorwise one multiplies the total
   in the epilogue). The block-scaled 128x128 tiles fill the GPU's waves better where the
   tensorwise two-level pick (128x192 first) leaves part of its last wave or edge tiles idle;
-  measured on the H200 (benchmarks/results/2026-11-30-h200/session15/, same process, µs):
+  measured on the H200 (2026-11-30, same process, µs):
   4096^3 139.1 -> 123.1, 2048x8192x8192 271.7 -> 242.0, 4096x4096x7168 235.3 -> 226.0;
   not routed (rule below): 8192^3 992.3 vs 1083.6, 4096x2112x7168 117.7 vs 123.5.
-  ROUTE_MARGIN (session 17, benchmarks/results/2026-12-01-h200/session17/route_ab3.json, routed
+  ROUTE_MARGIN (measured 2026-12-01, the route A/B, routed
   vs the tensorwise 128x192 tile, same process, µs): useful fraction higher by 0.108 -- routed,
   2048x8192x8192 254.2 vs 260.1, 4096x4096x7168 225.4 vs 236.4; by 0.065-0.066 -- not routed,
   4096x7168x16384 876.3 vs 871.8, 4096x11008x4096 346.6 vs 339.5, 512x28672x8192 226.2 vs 229.6;

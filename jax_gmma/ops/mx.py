@@ -49,14 +49,13 @@ kernels are compiled, registered and checked on the host and in their SASS; the 
 is what the tests run. The Hopper MXFP8 kernel is tested on an H200 (tests/test_gpu_mx_sm90.py).
 
 The primitive ``mx_gemm_p`` takes the kernel's operand form: fp8 elements as-is, FP6 / FP4
-elements packed into bytes (:func:`jax_gmma.quantize.pack_fp6` / :func:`pack_fp4`), scale
+elements packed into bytes (:func:`jax_gmma.ops.quantize.pack_fp6` / :func:`pack_fp4`), scale
 factors as their raw bytes in the swizzled layout. Its default lowering (every platform) is
 the reference computed from that form, so the CPU tests check the packing and the layout too.
 """
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Optional
 
 import jax
@@ -64,22 +63,12 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 from jax import lax
-from jax.core import ShapedArray
 from jax.interpreters import mlir
 
-try:  # jax >= 0.4.36
-  from jax.extend.core import Primitive
-except ImportError:  # pragma: no cover
-  from jax.core import Primitive
-from jax._src import dispatch
-
-from . import _backend, _vma, formats as _formats, layouts as _layouts
-from . import sharding as _sharding
-import importlib
-
-from .quantize import QuantizedArray
-
-_q = importlib.import_module(__package__ + ".quantize")  # the module (the package attribute is the function)
+from .. import _backend, _vma, batching, primitive, sharding
+from ..arrays import QuantizedArray, dequantize
+from ..numerics import codec, formats as _formats, layouts as _layouts
+from . import quantize
 
 MX_GEMM_TARGET = _backend.MX_GEMM_TARGET
 
@@ -91,6 +80,11 @@ E4M3 = _formats.E4M3
 OUT_DTYPES = (BF16, F16, F32)
 #: Operand formats of the Blackwell block-scaled GEMMs.
 MX_FORMATS = ("mxfp8", "mxfp6_e2m3", "mxfp6_e3m2", "mxfp4", "nvfp4")
+#: Weight formats this family multiplies (``jax_gmma.dot``): ``dot`` quantizes the activation to
+#: the matching format (or to x_format="mxfp8" for MX weights, e.g. MXFP8 activations x MXFP4
+#: weights) with the swizzled scale layout and runs :func:`mx_gemm` (Blackwell kernels; MXFP8 x
+#: MXFP8 also on Hopper; reference elsewhere).
+WEIGHT_FORMATS = MX_FORMATS
 #: Scale layout both operands must use (the layout the kernels read, produced once by quantize).
 SCALE_LAYOUT = _layouts.SM100_128X4
 
@@ -130,8 +124,6 @@ KERNELS = {
     },
 }
 
-mx_gemm_p = Primitive("jax_gmma_mx_gemm")
-mx_gemm_p.def_impl(functools.partial(dispatch.apply_primitive, mx_gemm_p))
 
 
 # -- shape rules ---------------------------------------------------------------------------------
@@ -197,7 +189,7 @@ def mx_problem(a_q, b_q, *, out_dtype=BF16, bias_shape=None, bias_dtype=None) ->
     if q.layout != SCALE_LAYOUT:
       raise ValueError(f"{who}: {name} scales are in layout {q.layout!r}; the kernels read the "
                        f"swizzled {SCALE_LAYOUT!r} layout: quantize(x, {q.format.name!r}, "
-                       f"layout={SCALE_LAYOUT!r}) once (or jax_gmma.layouts.to_layout(q, "
+                       f"layout={SCALE_LAYOUT!r}) once (or jax_gmma.arrays.to_layout(q, "
                        f"{SCALE_LAYOUT!r}))")
   fa, fb = a_q.format.name, b_q.format.name
   if (fa == "nvfp4") != (fb == "nvfp4"):
@@ -247,9 +239,9 @@ def pack_data(q: QuantizedArray, rows: int) -> jax.Array:
   data = q.data.reshape(rows, q.data.shape[-1])
   bits = element_bits(q.dtype)
   if bits == 4:
-    return _q.pack_fp4(data)
+    return quantize.pack_fp4(data)
   if bits == 6:
-    return _q.pack_fp6(data, q.dtype)
+    return quantize.pack_fp6(data, q.dtype)
   return data
 
 
@@ -264,14 +256,8 @@ def _unpack(x, dtype, k):
   bits = element_bits(dtype)
   if bits == 8:
     return x.astype(jnp.float32)
-  p = x.astype(jnp.uint32)
-  if bits == 4:
-    codes = jnp.stack([p & 0xF, p >> 4], axis=-1).reshape(x.shape[0], k)
-  else:
-    p = p.reshape(x.shape[0], -1, 3)
-    w = p[..., 0] | (p[..., 1] << 8) | (p[..., 2] << 16)
-    codes = jnp.stack([(w >> s) & 0x3F for s in (0, 6, 12, 18)], axis=-1).reshape(x.shape[0], k)
-  return _q._decode(codes, np.dtype(dtype), bits)
+  codes = codec.fp4_codes(x) if bits == 4 else codec.fp6_codes(x)
+  return codec.decode(codes, np.dtype(dtype), bits)
 
 
 def _sf_values(sf, rows, k, vec, scale_dtype):
@@ -320,9 +306,6 @@ def _abstract_eval(a, b, a_sf, b_sf, a_global, b_global, bias, *, m, n, out_dtyp
   return _vma.out_aval((m, n), out_dtype, a, b, a_sf, b_sf, a_global, b_global, bias)
 
 
-mx_gemm_p.def_abstract_eval(_abstract_eval)
-mlir.register_lowering(mx_gemm_p,
-                       _sharding.lowering(mx_gemm_p, mlir.lower_fun(_default_lowering, multiple_results=False)))
 
 
 # -- dispatch ----------------------------------------------------------------------------------
@@ -388,8 +371,8 @@ SM90_SMALL_N = 16384
 
 def select_sm90_stream_config(m: int, n: int) -> Optional[str]:
   """The weight-streaming MXFP8 config for M tokens and N output columns where it beats the
-  wgmma configs on the H200 (kernel alone; benchmarks/results/2026-11-30-h200/session13/
-  mxf8_stream/ and session14/), else None. 8-token tiles for M <= 4 with N <= 8192 and M <= 8
+  wgmma configs on the H200 (kernel alone; measured 2026-11-30),
+  else None. 8-token tiles for M <= 4 with N <= 8192 and M <= 8
   with N <= 4096: 16 warps along K up to 132 strips of 16 rows (N <= 2112), 8 up to 256
   (N <= 4096), else 4. 16-token tiles (one weight fragment, two MMAs) for M <= 16 with
   N <= 4096 (8 warps along K; 16 x 2112 x 7168 13.6 vs 22.1 us, 16 x 4096 x 7168 19.0 vs 22.5)
@@ -408,14 +391,13 @@ def select_sm90_stream_config(m: int, n: int) -> Optional[str]:
 
 def select_sm90_config(m: int, n: int, sm_count: int = 132) -> str:
   """The Hopper MXFP8 config for M tokens and N output columns, measured on the H200 (kernel
-  alone, K = 8192, N = 8192 and 28672; benchmarks/results/2026-11-30-h200/session10/ and
-  session11/): the token tile is the smallest that holds M (the promotion work grows with it);
+  alone, K = 8192, N = 8192 and 28672; measured 2026-11-30): the token tile is the smallest that holds M (the promotion work grows with it);
   64-row weight tiles while N <= SM90_SMALL_N (twice the CTAs), as the one-CTA-per-SM 16-stage
   ``_deep`` configs for M <= 32 when the 64-row tiles make at most one wave (N <= 64 x SMs:
   N = 8192, M = 1 / 16 / 32: 25.9 / 25.9 / 30.1 us vs 26.5 / 26.3 / 32.2); from M = 65 the
   128 x 128 tile, except for small N, where the swap 128 x 64 tile over two token tiles is
   faster up to M = 128. For M <= 4 and N <= 8192, and M <= 8 and N <= 4096, the weight-streaming
-  configs (session 13: 1 x 2112 x 7168 9.9 vs 21.8 us, 1 x 4096 x 7168 13.8 vs 22.3,
+  configs (1 x 2112 x 7168 9.9 vs 21.8 us, 1 x 4096 x 7168 13.8 vs 22.3,
   1 x 7168 x 16384 40.8 vs 46.4, 1 x 8192 x 8192 25.3 vs 25.9, 8 x 4096 x 7168 15.4 vs 22.3),
   with more warps along K the fewer 16-row strips N has, and their 16-token tiles for M <= 16 at
   N <= 4096 and M <= 32 at N <= 2304 (select_sm90_stream_config)."""
@@ -465,13 +447,9 @@ def unavailable_reason(problem: MxProblem, cc: Optional[str], device_kind: str =
   return None
 
 
-def _refuse(problem: MxProblem, arch, why: str):
-  where = arch or "this GPU"
-  raise _backend.KernelUnavailable(
-      f"jax_gmma.mx_gemm: format {problem.a_format} x {problem.b_format} on {where}: {why}. Refusing "
-      "to fall back silently to the slower pure-JAX reference; set JAX_GMMA_ALLOW_REFERENCE=1, call "
-      "jax_gmma.set_allow_reference(True), or trace inside `with jax_gmma.allow_reference():` to run "
-      "it anyway.")
+def refusal_reason(problem: MxProblem, arch, why: str) -> str:
+  """What the KernelUnavailable error of ``problem`` says is missing (after "jax_gmma.mx_gemm: ")."""
+  return f"format {problem.a_format} x {problem.b_format} on {arch or 'this GPU'}: {why}"
 
 
 def plan(problem: MxProblem, arch: str, sm_count: int, config: Optional[str] = None):
@@ -488,34 +466,77 @@ def plan(problem: MxProblem, arch: str, sm_count: int, config: Optional[str] = N
   return name, ws
 
 
-def _cuda_lowering(ctx, *args, problem, config, path, **params):
-  devs = _backend.cuda_devices()
-  dev = devs[0] if devs else None
-  cc = _backend.device_cc(dev) if dev is not None else None
+def _device_arch():
+  dev = _backend.first_cuda_device()
+  return dev, (_backend.device_cc(dev) if dev is not None else None)
+
+
+def _kernel_missing(ctx, params):
+  dev, cc = _device_arch()
+  problem = params["problem"]
+  if resolve_path(arch_for_cc(cc), problem, params["path"]) == "dequant":
+    return None  # the exact bf16 path runs everywhere
+  why = unavailable_reason(problem, cc, getattr(dev, "device_kind", "")) if dev is not None \
+      else (None, "no CUDA device")
+  return None if why is None else refusal_reason(problem, *why)
+
+
+def _kernel(ctx, *args, problem, config, path, **params):
+  dev, cc = _device_arch()
   if resolve_path(arch_for_cc(cc), problem, path) == "dequant":
     return mlir.lower_fun(_dequant_lowering, multiple_results=False)(ctx, *args, **params)
-  why = unavailable_reason(problem, _backend.device_cc(dev) if dev is not None else None,
-                           getattr(dev, "device_kind", "")) if dev is not None else (None, "no CUDA device")
-  if why is not None:
-    if not _backend.reference_allowed():
-      _refuse(problem, *why)
-    return mlir.lower_fun(_reference_lowering, multiple_results=False)(ctx, *args, **params)
-  arch = arch_for_cc(_backend.device_cc(dev))
-  _backend.register_targets()
+  arch = arch_for_cc(cc)
   _backend.prepare_devices()
   sm_count = int(dev.core_count)
   name, ws = plan(problem, arch, sm_count, config)
-  ws_aval = ShapedArray((max(int(ws), 16),), np.dtype(np.uint8))
-  rule = jax.ffi.ffi_lowering(MX_GEMM_TARGET)
-  sub = ctx.replace(avals_out=[ctx.avals_out[0], ws_aval])
-  results = rule(sub, *args, config=name, a_dtype=np.dtype(params["a_dtype"]).name,
-                 b_dtype=np.dtype(params["b_dtype"]).name, k=np.int64(params["k"]),
-                 sf_vec=np.int32(params["sf_vec"]), sm_count=np.int32(sm_count),
-                 has_bias=bool(params["has_bias"]), has_global=bool(params["has_global"]))
-  return [results[0]]
+  return primitive.ffi_with_workspace(
+      MX_GEMM_TARGET, ctx, args, ws, config=name, a_dtype=np.dtype(params["a_dtype"]).name,
+      b_dtype=np.dtype(params["b_dtype"]).name, k=np.int64(params["k"]),
+      sf_vec=np.int32(params["sf_vec"]), sm_count=np.int32(sm_count),
+      has_bias=bool(params["has_bias"]), has_global=bool(params["has_global"]))
 
 
-mlir.register_lowering(mx_gemm_p, _sharding.lowering(mx_gemm_p, _cuda_lowering), platform="cuda")
+def _partition_rule(avals, params):
+  """mx_gemm: rows of either operand split in whole 128-row atoms of its swizzled scales (the
+  scale operands are the atoms' raw bytes, flattened: an atom's bytes are contiguous)."""
+  a, b, a_sf, b_sf, ga, gb, bias = avals
+  m, n = params["m"], params["n"]
+  ties, compound = {}, {}
+  rows_a = "m"
+  if m % 128 == 0 and a.shape[0] == m:
+    ties.update(sfa="m")
+    compound.update(m=("mt", "mr", 128, m // 128), sfa=("mt", "ra", a_sf.shape[0] // (m // 128), m // 128))
+  else:
+    rows_a = "ma"  # (M stays whole: a fresh factor for a's rows)
+  if n % 128 == 0 and b.shape[0] == n:
+    ties.update(sfb="n")
+    compound.update(n=("nt", "nr", 128, n // 128), sfb=("nt", "rb", b_sf.shape[0] // (n // 128), n // 128))
+  out_align = 8 if np.dtype(params["out_dtype"]) == np.dtype(jnp.bfloat16) else 4
+
+  def check(f, d):
+    if f == "m":
+      return sharding.aligned(m, d, 128, "M (whole 128-row scale atoms)")
+    return (sharding.aligned(n, d, 128, "N (whole 128-row scale atoms)")
+            or sharding.aligned(n, d, out_align, "N"))
+
+  def local(p, shapes_):
+    m_l, n_l = shapes_[0][0], shapes_[1][0]
+    problem = dataclasses.replace(p["problem"], m=m_l, n=n_l, batch_shape=())
+    return {**p, "m": m_l, "n": n_l, "problem": problem}
+
+  return sharding.Rule(operands=((rows_a, "ka"), ("n", "kb"), ("sfa" if "sfa" in ties else "sa",),
+                                 ("sfb" if "sfb" in ties else "sb",), ("ga",), ("gb",),
+                                 sharding.vector("n", "c", bias.shape[0], n)),
+                       results=((rows_a, "n"),), shardable=("m", "n"), ties=ties, compound=compound,
+                       check=check, local_params=local)
+
+
+
+MX_GEMM = primitive.define(
+    "jax_gmma_mx_gemm", abstract_eval=_abstract_eval, reference=_default_lowering,
+    user_fn="jax_gmma.mx_gemm / scaled_matmul", kernel=_kernel, kernel_missing=_kernel_missing,
+    op="mx_gemm", partition_rule=_partition_rule, vmap=batching.map_rule)
+mx_gemm_p = MX_GEMM.p
 
 
 # -- public API --------------------------------------------------------------------------------
@@ -581,8 +602,8 @@ def mxfp8_operand(data, scales) -> QuantizedArray:
 
 def reference_float64(a_q: QuantizedArray, b_q: QuantizedArray, bias=None) -> np.ndarray:
   """float64 NumPy product of the dequantized operands (for tests)."""
-  a = np.asarray(_q.dequantize(a_q), np.float64)
-  b = np.asarray(_q.dequantize(b_q), np.float64)
+  a = np.asarray(dequantize(a_q), np.float64)
+  b = np.asarray(dequantize(b_q), np.float64)
   a = a.reshape(-1, a.shape[-1])
   out = a @ b.T
   if bias is not None:
@@ -614,3 +635,33 @@ def paths_for_device(cc: Optional[str]) -> dict:
     else:
       out[(fa, fb)] = f"ERROR at trace time unless the reference is allowed: {why[1]}"
   return out
+
+
+# -- jax_gmma.dot on this family's weights ---------------------------------------------------
+
+def serves(w) -> bool:
+  """Whether :func:`dot` multiplies weight ``w`` (an MX / NVFP4 QuantizedArray)."""
+  return isinstance(w, QuantizedArray) and w.format.name in WEIGHT_FORMATS
+
+
+def dot(x, w: QuantizedArray, *, bias, out_dtype, x_format, config, **_):
+  """``jax_gmma.dot`` for MX / NVFP4 weights: a float x (..., K) is flattened to (M, K) and
+  quantized to w's format (``x_format="fp8_channel"``, the default, means "match w"; "mxfp8"
+  gives MXFP8 activations for any MX weight) with scales in the swizzled layout, then
+  :func:`mx_gemm`."""
+  if isinstance(x, QuantizedArray):
+    return mx_gemm(x, w, bias=bias, out_dtype=BF16 if out_dtype is None else out_dtype,
+                   config=config)
+  x = jnp.asarray(x)
+  fmt = w.format.name if x_format == "fp8_channel" else x_format
+  if fmt not in WEIGHT_FORMATS:
+    raise ValueError(f"x_format must be one of {WEIGHT_FORMATS} for a {w.format.name} weight, "
+                     f"got {x_format!r}")
+  if x.ndim < 1 or x.shape[-1] != w.k:
+    raise ValueError(f"contraction mismatch: x has shape {x.shape}, w has K={w.k}")
+  default_out = np.dtype(x.dtype) if np.dtype(x.dtype) in OUT_DTYPES else BF16
+  lead = x.shape[:-1]
+  xq = quantize.quantize(x.reshape(-1, x.shape[-1]), fmt, layout=SCALE_LAYOUT)
+  out = mx_gemm(xq, w, bias=bias, out_dtype=default_out if out_dtype is None else out_dtype,
+                config=config)
+  return out.reshape(*lead, out.shape[-1])

@@ -1,38 +1,39 @@
-"""The FP8 GEMM primitive: shape rules at bind time, pure-JAX reference as the default lowering,
-the CUTLASS kernel (XLA FFI custom call) as the CUDA lowering."""
+"""The FP8 GEMM family with per-tensor / per-row / per-channel scales: :func:`fp8_gemm` and its
+primitive ``fp8_gemm_p`` (shape rules at bind time, pure-JAX reference as the default lowering,
+the CUTLASS kernel -- XLA FFI custom call ``jax_gmma_fp8_gemm`` -- as the CUDA lowering)."""
 from __future__ import annotations
 
-import functools
 from typing import Optional
 
-import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.core import ShapedArray
-from jax.interpreters import mlir
+from jax import lax
 
-try:  # jax >= 0.4.36
-  from jax.extend.core import Primitive
-except ImportError:  # pragma: no cover
-  from jax.core import Primitive
-from jax._src import dispatch  # apply_primitive: eager execution of a primitive via jit
+from .. import _backend, _vma, batching, primitive, sharding
+from ..arrays import QuantizedArray
+from ..numerics import shapes
+from . import blockwise, blockwise_configs, quantize
+from . import tensorwise_configs as configs
 
-from . import _backend, _vma, blockwise, blockwise_configs, configs, shapes
-from . import sharding as _sharding
-from .reference import fp8_gemm_reference
+#: Weight formats this family multiplies (``jax_gmma.dot``).
+WEIGHT_FORMATS = ("fp8_tensor", "fp8_channel")
+#: How ``dot`` quantizes a float activation for these weights.
+ACTIVATION_FORMATS = ("fp8_channel", "fp8_tensor")
 
-fp8_gemm_p = Primitive("jax_gmma_fp8_gemm")
-fp8_gemm_p.def_impl(functools.partial(dispatch.apply_primitive, fp8_gemm_p))
+
+def fp8_gemm_reference(a, b, a_scale, b_scale, bias, *, out_dtype, has_bias, **_unused):
+  """Pure-JAX reference: dequantize to float32, dot at HIGHEST precision, scale, add bias, cast.
+  a (M, K) fp8, b (N, K) fp8, a_scale (1,) or (M,), b_scale (1,) or (N,), bias (N,)."""
+  acc = lax.dot_general(a.astype(jnp.float32), b.astype(jnp.float32), (((1,), (1,)), ((), ())),
+                        precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
+  out = acc * a_scale.astype(jnp.float32).reshape(-1, 1) * b_scale.astype(jnp.float32).reshape(1, -1)
+  if has_bias:
+    out = out + bias.astype(jnp.float32).reshape(1, -1)
+  return out.astype(out_dtype)
 
 
 def _abstract_eval(a, b, a_scale, b_scale, bias, *, out_dtype, **_):
   return _vma.out_aval((a.shape[0], b.shape[0]), out_dtype, a, b, a_scale, b_scale, bias)
-
-
-fp8_gemm_p.def_abstract_eval(_abstract_eval)
-# Default lowering (every platform): the pure-JAX reference.
-mlir.register_lowering(fp8_gemm_p,
-                       _sharding.lowering(fp8_gemm_p, mlir.lower_fun(fp8_gemm_reference, multiple_results=False)))
 
 
 def _problem_from_avals(a, b, a_scale, b_scale, bias, out_dtype, has_bias):
@@ -43,11 +44,17 @@ def _problem_from_avals(a, b, a_scale, b_scale, bias, out_dtype, has_bias):
 
 def plan(problem: shapes.GemmProblem, sm_count: int, *, fast_accum=False, config=None, splits=None,
          swizzle=None, raster=None):
-  """(KernelConfig, splits, workspace bytes, (swizzle, raster)) for a problem; raises ValueError
-  when CUTLASS's can_implement rejects it. Host-only; needs the built extension."""
+  """(KernelConfig, splits, workspace bytes, (swizzle, raster)) of the tensorwise kernel for a
+  problem; raises ValueError when CUTLASS's can_implement rejects it. Host-only; needs the built
+  extension.
+
+  Not consulted when the lowering takes the two-level route (:func:`two_level_route`): a
+  two-level GEMM (no ``fast_accum``, nothing forced) that the tensorwise tiles fill badly runs
+  the block-scaled 1d2d kernel instead (``blockwise_configs.ROUTE_CONFIG``, the scales broadcast
+  per 128-K block; same arithmetic), when the build has block-scaled kernels."""
   cfg, s = configs.select_config(problem, sm_count, fast_accum=fast_accum, config=config, splits=splits)
   order = configs.select_tile_order(problem, cfg, swizzle=swizzle, raster=raster)
-  if cfg.sweep and not _backend.sweep_kernels_built():
+  if cfg.sweep and not configs.sweep_kernels_built():
     raise ValueError(f"jax_gmma: config {cfg.name} is a sweep-only kernel, and this jax_gmma was "
                      "built without them: reinstall with JAX_GMMA_SWEEP_KERNELS=1")
   err, ws = _backend.ext().check(cfg.name, problem.a_dtype.name, problem.b_dtype.name,
@@ -59,52 +66,66 @@ def plan(problem: shapes.GemmProblem, sm_count: int, *, fast_accum=False, config
   return cfg, s, ws, order
 
 
-def _cuda_lowering(ctx, a, b, a_scale, b_scale, bias, *, out_dtype, has_bias, fast_accum, config,
-                   splits, swizzle, raster):
-  params = dict(out_dtype=out_dtype, has_bias=has_bias, fast_accum=fast_accum, config=config,
-                splits=splits, swizzle=swizzle, raster=raster)
-  dev = _backend.check_cuda_kernels("fp8_gemm")
-  if dev is None:  # the user opted in to the reference path
-    return mlir.lower_fun(fp8_gemm_reference, multiple_results=False)(ctx, a, b, a_scale, b_scale,
-                                                                      bias, **params)
-  _backend.register_targets()
+def two_level_route(problem: shapes.GemmProblem, sm_count: int, *, fast_accum=False, config=None,
+                    splits=None, swizzle=None, raster=None) -> bool:
+  """Whether the CUDA lowering runs ``problem`` on the block-scaled kernel (the two-level route
+  of :func:`fp8_gemm`): ``blockwise_configs.two_level_route`` says the tensorwise tiles fill it
+  badly, and the build has block-scaled kernels."""
+  return (blockwise_configs.two_level_route(problem, sm_count, fast_accum=fast_accum, config=config,
+                                            splits=splits, swizzle=swizzle, raster=raster)
+          and blockwise.has_kernels())
+
+
+def _kernel_missing(ctx, params):
+  return _backend.missing_reason("fp8_gemm")
+
+
+def _kernel(ctx, a, b, a_scale, b_scale, bias, *, out_dtype, has_bias, fast_accum, config,
+            splits, swizzle, raster):
   _backend.prepare_devices()
   problem = _problem_from_avals(*ctx.avals_in, out_dtype, has_bias)
-  sm_count = int(dev.core_count)
-  if blockwise_configs.two_level_route(problem, sm_count, fast_accum=fast_accum, config=config,
-                                       splits=splits, swizzle=swizzle, raster=raster):
-    if blockwise._has_blockwise_kernels():
-      return mlir.lower_fun(functools.partial(_two_level_via_blockwise, out_dtype=out_dtype, has_bias=has_bias),
-                            multiple_results=False)(ctx, a, b, a_scale, b_scale, bias)
+  sm_count = int(_backend.first_cuda_device().core_count)
+  if two_level_route(problem, sm_count, fast_accum=fast_accum, config=config, splits=splits,
+                     swizzle=swizzle, raster=raster):
+    return blockwise.lower_two_level(ctx, a, b, a_scale, b_scale, bias, out_dtype=out_dtype,
+                                     has_bias=has_bias)
   cfg, s, ws, (sw, ro) = plan(problem, sm_count, fast_accum=fast_accum, config=config, splits=splits,
                               swizzle=swizzle, raster=raster)
-  # The workspace (stream-K partials and flags) is a second result: XLA owns the memory, so it
-  # is valid under CUDA-graph replay and nothing is allocated at run time.
-  ws_aval = ShapedArray((max(int(ws), 16),), np.dtype(np.uint8))
-  rule = jax.ffi.ffi_lowering(_backend.FP8_GEMM_TARGET)
-  sub = ctx.replace(avals_out=[ctx.avals_out[0], ws_aval])
-  results = rule(sub, a, b, a_scale, b_scale, bias, config=cfg.name, splits=np.int32(s),
-                 sm_count=np.int32(sm_count), has_bias=bool(has_bias), swizzle=np.int32(sw),
-                 raster=np.int32(configs.RASTERS[ro]))
-  return [results[0]]
+  return primitive.ffi_with_workspace(
+      _backend.FP8_GEMM_TARGET, ctx, (a, b, a_scale, b_scale, bias), ws, config=cfg.name,
+      splits=np.int32(s), sm_count=np.int32(sm_count), has_bias=bool(has_bias),
+      swizzle=np.int32(sw), raster=np.int32(configs.RASTERS[ro]))
 
 
-mlir.register_lowering(fp8_gemm_p, _sharding.lowering(fp8_gemm_p, _cuda_lowering), platform="cuda")
-
-
-def _two_level_via_blockwise(a, b, a_scale, b_scale, bias, *, out_dtype, has_bias):
-  """The two-level GEMM on the block-scaled 1d2d kernel (blockwise_configs.two_level_route): the
-  per-tensor or per-row A scale and the per-tensor B scale broadcast to every 128-K block, in
-  the kernel's MN-major scale layout (blockwise.kernel_scale_layout; one small XLA fusion each)."""
+def _partition_rule(avals, params):
+  a, b, sa, sb, bias = avals
   m, k = a.shape
   n = b.shape[0]
-  kb = -(-k // shapes.BLOCK_K)
-  sa = blockwise.kernel_scale_layout(jnp.broadcast_to(a_scale.reshape(-1, 1), (m, kb)))
-  sb = blockwise.kernel_scale_layout(jnp.broadcast_to(b_scale.reshape(1, 1), (-(-n // shapes.BLOCK_N), kb)))
-  bias_in = bias if has_bias else jnp.zeros((1,), out_dtype)
-  return blockwise.fp8_blockwise_gemm_p.bind(a, b, sa, sb, bias_in, out_dtype=out_dtype, variant="1d2d",
-                                             has_bias=has_bias, config=blockwise_configs.ROUTE_CONFIG,
-                                             splits=1, swizzle=None, raster=None)
+
+  def check(f, d):
+    if f == "m":
+      return sharding.divides(m, d, "M")
+    if f == "n":
+      return sharding.aligned(n, d, shapes.N_ALIGN, "N")
+    return sharding.aligned(k, d, shapes.K_ALIGN, "K")
+
+  return sharding.Rule(operands=(("m", "k"), ("n", "k"), sharding.vector("m", "sa", sa.shape[0], m),
+                                 sharding.vector("n", "sb", sb.shape[0], n), sharding.bias_factors(bias, n)),
+                       results=(("m", "n"),), shardable=("m", "n", "k"), check=check, reduction=("k",),
+                       partial=sharding.partial_f32, finish=sharding.finish_bias(4))
+
+
+def _fold_rest(args, dims, size, m, k, params):
+  # (a, b, a_scale, b_scale, bias): a_scale (1,) or (M,)
+  args[2] = batching.rows_scale(args[2], dims[2], size, m)
+  return args, params
+
+
+FP8_GEMM = primitive.define(
+    "jax_gmma_fp8_gemm", abstract_eval=_abstract_eval, reference=fp8_gemm_reference,
+    user_fn="jax_gmma.fp8_gemm", kernel=_kernel, kernel_missing=_kernel_missing, op="fp8_gemm",
+    partition_rule=_partition_rule, vmap=batching.fold((1, 3, 4), _fold_rest))
+fp8_gemm_p = FP8_GEMM.p
 
 
 def _as_scale(x):
@@ -132,8 +153,10 @@ def fp8_gemm(a, b, a_scale=None, b_scale=None, *, bias=None, out_dtype=jnp.bfloa
     fast_accum: accumulate only in the tensor cores' accumulators (faster for large K, less
       precise); default is two-level accumulation (fp32 promotion every 128 of K). Two-level
       GEMMs that the tensorwise tiles fill badly run the block-scaled kernel with the scales
-      broadcast per 128-K block (same arithmetic; ``blockwise_configs.two_level_route``).
-    config, splits: force a kernel config (see ``jax_gmma.configs``) and K split count.
+      broadcast per 128-K block (same arithmetic; a config of the CUDA lowering, decided by
+      :func:`two_level_route`, see :func:`plan`).
+    config, splits: force a kernel config (see ``jax_gmma.configs``, the module
+      ``jax_gmma.ops.tensorwise_configs``) and K split count.
     swizzle, raster: force the tile order of the kernel's scheduler (``configs.SWIZZLES``:
       tiles taken in groups of 1, 2, 4 or 8; ``configs.RASTERS``: "auto", "m" or "n"); None =
       the heuristic's (``configs.select_tile_order``). Same results, different speed.
@@ -172,3 +195,32 @@ def fp8_gemm(a, b, a_scale=None, b_scale=None, *, bias=None, out_dtype=jnp.bfloa
                         fast_accum=bool(fast_accum), config=config, splits=splits,
                         swizzle=None if swizzle is None else int(swizzle), raster=raster)
   return out.reshape(shapes.output_shape(problem))
+
+
+# -- jax_gmma.dot on this family's weights ---------------------------------------------------
+
+def serves(w) -> bool:
+  """Whether :func:`dot` multiplies weight ``w`` (a per-tensor / per-channel FP8 QuantizedArray)."""
+  return isinstance(w, QuantizedArray) and w.format.name in WEIGHT_FORMATS
+
+
+def dot(x, w: QuantizedArray, *, bias, out_dtype, x_format, fast_accum, config, splits, **_):
+  """``jax_gmma.dot`` for fp8_tensor / fp8_channel weights: a float x is quantized to FP8 e4m3
+  with ``x_format`` (one scale per token or per tensor), then :func:`fp8_gemm`."""
+  if w.data.ndim != 2:
+    raise ValueError(f"w must be a 2-D (N, K) weight, got data shape {w.data.shape}")
+  if isinstance(x, QuantizedArray):
+    if x.format.name not in WEIGHT_FORMATS:
+      raise ValueError(f"x: format {x.format.name!r} is not supported by dot; use one of "
+                       f"{', '.join(ACTIVATION_FORMATS)}")
+    x_data, x_scales = x.data, x.scales
+    default_out = shapes.BF16
+  else:
+    x = jnp.asarray(x)
+    if x_format not in ACTIVATION_FORMATS:
+      raise ValueError(f"x_format must be one of {ACTIVATION_FORMATS}, got {x_format!r}")
+    default_out = np.dtype(x.dtype) if np.dtype(x.dtype) in shapes.OUT_DTYPES else shapes.BF16
+    x_data, x_scales, _ = quantize.quantize_parts(x, x_format, dtype=jnp.float8_e4m3fn)
+  out_dtype = default_out if out_dtype is None else out_dtype
+  return fp8_gemm(x_data, w.data, x_scales, w.scales, bias=bias, out_dtype=out_dtype,
+                  fast_accum=fast_accum, config=config, splits=splits)

@@ -11,7 +11,8 @@ import dataclasses
 import math
 from typing import Optional
 
-from .shapes import GemmProblem
+from .. import _backend
+from ..numerics.shapes import GemmProblem
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,6 +26,7 @@ class KernelConfig:
   accum: str           # "2lvl": fp32 promotion every 128 K (precise) | "fast": wgmma accumulators only
   stages: int = 0      # mainloop pipeline stages; 0 = as many as shared memory holds (CUTLASS auto)
   sweep: bool = False  # sweep-only kernel: built for e4m3 x e4m3 -> bfloat16 only, never auto-picked
+  extra: bool = False  # never auto-picked, reachable only by config=: built with JAX_GMMA_EXTRA_KERNELS=1
 
   def __str__(self) -> str:
     t = "x".join(map(str, self.tile))
@@ -32,7 +34,8 @@ class KernelConfig:
     return (f"{self.name}: tile {t}, cluster {c}, {self.schedule}"
             f"{', swap-AB' if self.swap_ab else ''}{', stream-K/split-K' if self.stream_k else ''}, "
             f"accumulation {'two-level (fp32 promotion)' if self.accum == '2lvl' else 'fast (tensor-core only)'}, "
-            f"stages {self.stages or 'auto'}{', sweep only (e4m3 x e4m3 -> bfloat16)' if self.sweep else ''}")
+            f"stages {self.stages or 'auto'}{', sweep only (e4m3 x e4m3 -> bfloat16)' if self.sweep else ''}"
+            f"{', built on request (JAX_GMMA_EXTRA_KERNELS=1)' if self.extra else ''}")
 
 
 _ALL = [
@@ -46,18 +49,19 @@ _ALL = [
     KernelConfig("swap_128x16x128_coop_streamk_2lvl", (128, 16, 128), (1, 1), "cooperative", True, True, "2lvl"),
     KernelConfig("swap_128x32x128_coop_streamk_2lvl", (128, 32, 128), (1, 1), "cooperative", True, True, "2lvl"),
     KernelConfig("swap_128x64x128_coop_streamk_2lvl", (128, 64, 128), (1, 1), "cooperative", True, True, "2lvl"),
-    KernelConfig("swap_64x16x128_pingpong_2lvl", (64, 16, 128), (1, 1), "pingpong", True, False, "2lvl"),
+    KernelConfig("swap_64x16x128_pingpong_2lvl", (64, 16, 128), (1, 1), "pingpong", True, False, "2lvl",
+                 extra=True),
     KernelConfig("swap_64x32x128_pingpong_2lvl", (64, 32, 128), (1, 1), "pingpong", True, False, "2lvl"),
     KernelConfig("swap_64x64x128_pingpong_2lvl", (64, 64, 128), (1, 1), "pingpong", True, False, "2lvl"),
     # One wave of 64-row tiles or less: one non-persistent warp-specialized CTA per tile with an
-    # explicit stage count. Session 23 (benchmarks/results/2026-12-02-h200/session23/): in the
+    # explicit stage count. Measured on the H200 (2026-12-02): in the
     # decode chain at N = K = 8192 1.10 / 1.06 / 1.04x the ping-pong kernel at M = 1 / 16 / 64;
     # the 32-token tile stays ping-pong (no faster kernel alone), and so does the 64-token tile at
     # half a wave or less (N <= 64 x SMs / 2), where it measured slower in the chain.
     KernelConfig("swap_64x16x128_ws_s10_2lvl", (64, 16, 128), (1, 1), "warp-specialized", True, False, "2lvl",
                  stages=10),
     # The 16-token tile with 4 stages (41 KB of shared memory: 5 CTAs per SM instead of 2), for
-    # more weight rows than SMs over a short K (<= WS_SHALLOW_MAX_K): kernel alone, session 24,
+    # more weight rows than SMs over a short K (<= WS_SHALLOW_MAX_K): kernel alone,
     # M = 1, N = 24576, K = 1536 12.7 vs 14.7 us (10 stages) vs 17.5 (128-row stream-K).
     KernelConfig("swap_64x16x128_ws_s4_2lvl", (64, 16, 128), (1, 1), "warp-specialized", True, False, "2lvl",
                  stages=4),
@@ -66,8 +70,8 @@ _ALL = [
     # More weight rows than SMs over a short K (<= WS_SHALLOW_MAX_K), 17..64 tokens: non-persistent
     # warp-specialized 64-row tiles with few stages, several CTAs per SM (32 tokens: 4 stages,
     # 4 per SM; 64 tokens: 6 stages, 2 per SM, or 4 stages in a 2x1 cluster, 3 per SM, whichever
-    # wave fits the tile count better). Kernel alone, session 25
-    # (benchmarks/results/2026-12-02-h200/session25/), us, vs the ping-pong tile picked before:
+    # wave fits the tile count better). Kernel alone
+    # (measured 2026-12-02), us, vs the persistent ping-pong tile:
     # M = 32, N x K = 24576 x 1536 13.0 vs 14.9, 32768 x 512 8.1 vs 10.2; M = 64: 24576 x 1536
     # 13.9 vs 15.1 (cluster), 16384 x 1536 10.2 vs 11.4, 32768 x 512 10.2 vs 10.8.
     KernelConfig("swap_64x32x128_ws_s4_2lvl", (64, 32, 128), (1, 1), "warp-specialized", True, False, "2lvl",
@@ -90,7 +94,7 @@ _ALL = [
 
 def _staged(name: str, stages: int) -> KernelConfig:
   base = next(c for c in _ALL if c.name == name)
-  return dataclasses.replace(base, name=f"{name}_s{stages}", stages=stages, sweep=True)
+  return dataclasses.replace(base, name=f"{name}_s{stages}", stages=stages, sweep=True, extra=False)
 
 
 #: Sweep-only kernels (cpp/sm90_fp8_gemm_tensorwise_sweep.cu): explicit stage counts of the
@@ -106,7 +110,7 @@ _SWEEP = [
                  sweep=True),
     KernelConfig("64x128x128_c1x2_pingpong_2lvl", (64, 128, 128), (1, 2), "pingpong", False, False, "2lvl",
                  sweep=True),
-    # M = 33..64 with many weight rows (session 7 candidates): a 4x1 cluster sharing the
+    # M = 33..64 with many weight rows (sweep candidates): a 4x1 cluster sharing the
     # activation tile four ways; the unswapped 64-token ping-pong tile with fast accumulation.
     KernelConfig("swap_128x64x128_c4x1_coop_streamk_2lvl", (128, 64, 128), (4, 1), "cooperative", True, True,
                  "2lvl", sweep=True),
@@ -129,6 +133,20 @@ SWIZZLES = (1, 2, 4, 8)
 RASTERS = {"auto": 0, "m": 1, "n": 2}
 
 
+def sweep_kernels_built() -> bool:
+  """Whether the library holds the sweep-only kernels (built with JAX_GMMA_SWEEP_KERNELS=1)."""
+  e = _backend.ext()
+  return bool(_backend.kernels_built() and any(
+      k["config"] in CONFIGS and CONFIGS[k["config"]].sweep for k in e.kernels()))
+
+
+def extra_kernels_built() -> bool:
+  """Whether the library holds the kernels no heuristic picks (built with JAX_GMMA_EXTRA_KERNELS=1)."""
+  e = _backend.ext()
+  return bool(_backend.kernels_built() and any(
+      k["config"] in CONFIGS and CONFIGS[k["config"]].extra for k in e.kernels()))
+
+
 def check_tile_order(swizzle, raster) -> None:
   """Raises ValueError (naming the argument) for a swizzle / raster outside the options;
   None means "the heuristic's choice"."""
@@ -145,7 +163,7 @@ def select_tile_order(problem: GemmProblem, cfg: KernelConfig, *, swizzle=None, 
   Data-parallel large-M configs: walk the tiles along M, in groups of 8 N tiles when the N tile
   count is a multiple of 8 (a swizzle pads the grid to a multiple of itself: 28 N tiles with
   swizzle 8 ran 14-18% slower), else ungrouped. Measured against CUTLASS's heuristic (ungrouped,
-  along the dimension with fewer tiles) with the fast tiles (session7/sweep_tile_order):
+  along the dimension with fewer tiles) with the fast tiles (tile-order sweep, H200):
   8192^3 881.8 vs 901.6 us, 4096x7168x16384 743.9 vs 769.6, 4096x2112x7168 105.9 vs 108.5,
   2048x8192x8192 206.7 vs 205.5. Decode (swap-AB) and stream-K configs keep CUTLASS's default
   (1, "auto"). `ungrouped_raster`: the raster of a data-parallel grid whose N tiles 8 does not
@@ -217,18 +235,18 @@ def useful_fraction(problem: GemmProblem, cfg: KernelConfig, sm_count: int) -> f
 MIN_USEFUL_FRACTION = 0.85
 #: Decode: 64-row ping-pong tiles (no split) unless the weight rows make fewer than
 #: sm_count / this many of them; then 128-row tiles with K split. Was 2 until the Llama-3-8B
-#: shapes were swept (benchmarks/results/2026-11-29-h200/session4/sweep_llama): at N = 4096
+#: shapes were swept (measured 2026-11-29, the Llama sweep): at N = 4096
 #: (64 tiles on 132 SMs) the unsplit ping-pong tile is 1.31x faster than the 4-way split at
 #: M = 1, K = 4096, and 1.14x at K = 14336.
 SPLIT_BELOW_SM_FRACTION = 3
 #: The 16-token decode tile over more 64-row weight tiles than SMs takes the 4-stage kernel
-#: (5 CTAs per SM) up to this K, the 10-stage one (2 per SM) above it. Kernel alone, session 24
-#: (benchmarks/results/2026-12-02-h200/session24/), M = 1, us, 4 / 10 stages: N x K =
+#: (5 CTAs per SM) up to this K, the 10-stage one (2 per SM) above it. Kernel alone
+#: (measured 2026-12-02), M = 1, us, 4 / 10 stages: N x K =
 #: 24576 x 1536 12.7 / 14.7, 28672 x 2048 18.6 / 20.1, 16384 x 4096 20.6 / 20.1,
 #: 28672 x 8192 59.7 / 60.0.
 WS_SHALLOW_MAX_K = 2048
 #: 64 tokens over more 64-row weight tiles than SMs with K <= WS_SHALLOW_MAX_K: the two
-#: non-persistent tiles and how many of their CTAs an SM holds (cudaOccupancy, session 25's
+#: non-persistent tiles and how many of their CTAs an SM holds (cudaOccupancy, read by the
 #: kernel-alone tool); the one whose CTA waves the tile count fills better runs.
 _SHORT_K_64 = (("swap_64x64x128_ws_s6_2lvl", 2), ("swap_64x64x128_c2x1_ws_s4_2lvl", 3))
 #: CUTLASS's stream-K heuristic decomposition (passed as splits=0 to the kernel).
@@ -260,7 +278,7 @@ def select_config(problem: GemmProblem, sm_count: int, *, fast_accum: bool = Fal
   warp-specialized one CTA per tile for 16 tokens and for 64 over more than half a wave,
   ping-pong otherwise) when the weight rows make at most one wave of them; more weight rows: for
   16 tokens still the warp-specialized 64-row tile (4 stages, 5 CTAs per SM, when K <=
-  WS_SHALLOW_MAX_K; session 24: 1.03-1.47x the stream-K tile in the decode chains), for 32 / 64
+  WS_SHALLOW_MAX_K; 1.03-1.47x the stream-K tile in the decode chains), for 32 / 64
   tokens with K <= WS_SHALLOW_MAX_K non-persistent warp-specialized 64-row tiles with few stages
   (32 tokens: 4 stages; 64 tokens: 6 stages, or 4 in a 2x1 cluster, by wave fill), else 128-row
   cooperative tiles with CUTLASS's stream-K decomposition (measured at N = 28672, K = 8192:
@@ -286,7 +304,7 @@ def select_config(problem: GemmProblem, sm_count: int, *, fast_accum: bool = Fal
       cfg = CONFIGS[_ONE_WAVE_DECODE[tn]]
       if tn == 64 and num_tiles(problem, cfg) <= sm_count // 2:
         # Half a wave or less of 64-token tiles: ping-pong (in the chain at N = K = 4096, M = 64,
-        # twice 1.04-1.21x faster than the warp-specialized tile; session 23).
+        # twice 1.04-1.21x faster than the warp-specialized tile).
         cfg = CONFIGS["swap_64x64x128_pingpong_2lvl"]
       tiles = num_tiles(problem, cfg)
       if tiles > sm_count and tn == 16:
@@ -295,8 +313,8 @@ def select_config(problem: GemmProblem, sm_count: int, *, fast_accum: bool = Fal
           cfg = CONFIGS["swap_64x16x128_ws_s4_2lvl"]
       elif tiles > sm_count and problem.k <= WS_SHALLOW_MAX_K:
         # Short K, 32 / 64 tokens: non-persistent tiles with few stages, several CTAs per SM
-        # (stream-K's fixup costs more than it balances over so few K blocks; session 25: 8-27%
-        # faster kernels than the persistent ping-pong tile, which session 24 picked here).
+        # (stream-K's fixup costs more than it balances over so few K blocks: 8-27%
+        # faster kernels than the persistent ping-pong tile).
         if tn == 32:
           cfg = CONFIGS["swap_64x32x128_ws_s4_2lvl"]
         else:
@@ -305,9 +323,9 @@ def select_config(problem: GemmProblem, sm_count: int, *, fast_accum: bool = Fal
           cfg = CONFIGS[name]
       elif tiles > sm_count:
         # 64-token tiles: a 2x1 cluster shares the activation tile by TMA multicast. Measured
-        # (session6/sweep_decode): N = 28672, K = 8192: M = 48 65.9 vs 71.6 us, M = 64 66.3 vs
+        # (decode sweep, H200): N = 28672, K = 8192: M = 48 65.9 vs 71.6 us, M = 64 66.3 vs
         # 66.5 us against the single-CTA 128x64 stream-K kernel.
-        # fast_accum: the fast-accumulation twin (1-5% faster, session7/sweep_decode).
+        # fast_accum: the fast-accumulation twin (1-5% faster in the decode sweep).
         cfg = CONFIGS[(f"swap_128x{tn}x128_c2x1_coop_streamk" if tn == 64
                        else f"swap_128x{tn}x128_coop_streamk") + ("_fast" if fast_accum else "_2lvl")]
         if splits is None:
@@ -326,9 +344,15 @@ def select_config(problem: GemmProblem, sm_count: int, *, fast_accum: bool = Fal
           break
       if cfg.stream_k and splits is None:
         splits = STREAM_K_HEURISTIC
+  return cfg, resolve_splits(problem, cfg, sm_count, splits)
+
+
+def resolve_splits(problem, cfg: KernelConfig, sm_count: int, splits: Optional[int]) -> int:
+  """The K split count: the caller's (checked against the config: 1 unless stream-K), else
+  :func:`choose_splits`."""
   if splits is None:
-    splits = choose_splits(problem, cfg, sm_count)
-  elif splits < 0 or (splits != 1 and not cfg.stream_k):
+    return int(choose_splits(problem, cfg, sm_count))
+  if splits < 0 or (splits != 1 and not cfg.stream_k):
     raise ValueError(f"splits must be 1 for config {cfg.name} (no split-K), got {splits}"
                      if splits >= 0 else f"splits must be >= 0, got {splits}")
-  return cfg, int(splits)
+  return int(splits)

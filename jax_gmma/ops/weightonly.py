@@ -103,22 +103,18 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.interpreters import mlir
 
-try:  # jax >= 0.4.36
-  from jax.extend.core import Primitive
-except ImportError:  # pragma: no cover
-  from jax.core import Primitive
-from jax._src import dispatch
+from .. import _backend, _vma, batching, primitive, sharding
+from ..arrays import QuantizedArray
+from ..numerics import shapes
+from ..numerics.codec import decode, encode
+from ..numerics.formats import E2M1, E2M3, E3M2, E4M3, E5M2, dtype_max
+from .quantize import quantize
+from .tensorwise import fp8_gemm
 
-from . import _backend, _vma, shapes
-from . import sharding as _sharding
-from .formats import E2M1, E2M3, E3M2, E4M3, E5M2, E8M0, dtype_max
-from .quantize import QuantizedArray, _decode, _encode, quantize
-
-WEIGHTONLY_TARGET = "jax_gmma_weightonly_gemm"
+WEIGHTONLY_TARGET = _backend.WEIGHTONLY_GEMM_TARGET
 #: Weight formats with a Hopper weight-only kernel.
-FORMATS = ("nvfp4", "mxfp4", "mxfp6_e2m3", "mxfp6_e3m2")
+WEIGHT_FORMATS = ("nvfp4", "mxfp4", "mxfp6_e2m3", "mxfp6_e3m2")
 FP6_FORMATS = ("mxfp6_e2m3", "mxfp6_e3m2")
 #: Weight format codes (match jax_gmma::WoScale).
 _SCALE_KIND = {"nvfp4": 0, "mxfp4": 1, "mxfp6_e2m3": 2, "mxfp6_e3m2": 3}
@@ -150,7 +146,7 @@ K_WARPS_CHOICES = (16, 8, 4, 2)
 
 
 #: Bit positions (sign, c2, c1, c0) of value (h, kk) of a word, indexed [h * 4 + kk].
-#: FP4_PAIR_BITS[pair][half]: the layout table above (mirrored by tools/bench_weightonly_kernel.cu).
+#: FP4_PAIR_BITS[pair][half]: the layout table above (mirrored by benchmarks/kernels/bench_weightonly_kernel.cu).
 FP4_PAIR_BITS = (
     ((15, 8, 7, 6), (31, 24, 23, 22)),
     ((11, 4, 3, 2), (27, 20, 19, 18)),
@@ -212,7 +208,7 @@ def fp6_stream_bits(fmt: str) -> np.ndarray:
 _FP6_SRC = {f: fp6_stream_bits(f) for f in FP6_FORMATS}
 
 
-#: Version of each format's prepared layout (PackedWeight.layout). FP4 2: session 12's bit
+#: Version of each format's prepared layout (PackedWeight.layout). FP4 2: the second bit
 #: positions (FP4_PAIR_BITS); a PackedWeight of another version (pickled or rebuilt from an older
 #: jax-gmma's pytree) is refused by every consumer instead of being decoded wrongly. Arrays saved
 #: without their PackedWeight carry no version: re-run :func:`prepare` on the original weights.
@@ -238,8 +234,8 @@ class PackedWeight:
 
   def __init__(self, packed, scales, global_scale, *, format: str, n: int, k: int,
                fp8_exact: Optional[bool] = None, layout: Optional[int] = None):
-    if format not in FORMATS:
-      raise ValueError(f"PackedWeight: format must be one of {FORMATS}, got {format!r}")
+    if format not in WEIGHT_FORMATS:
+      raise ValueError(f"PackedWeight: format must be one of {WEIGHT_FORMATS}, got {format!r}")
     self.packed, self.scales, self.global_scale = packed, scales, global_scale
     self.format, self.n, self.k = format, int(n), int(k)
     self.fp8_exact = None if fp8_exact is None else bool(fp8_exact)
@@ -307,8 +303,8 @@ def prepare(w, format: Optional[str] = None) -> PackedWeight:
   (jit-able, any backend)."""
   who = "jax_gmma.weightonly.prepare"
   if not isinstance(w, QuantizedArray):
-    if format not in FORMATS:
-      raise ValueError(f"{who}: format must be one of {FORMATS} for a float weight, got {format!r}")
+    if format not in WEIGHT_FORMATS:
+      raise ValueError(f"{who}: format must be one of {WEIGHT_FORMATS} for a float weight, got {format!r}")
     w = jnp.asarray(w)
     if w.ndim != 2:
       raise ValueError(f"{who}: w must be a 2-D (N, K) weight, got shape {w.shape}")
@@ -316,8 +312,8 @@ def prepare(w, format: Optional[str] = None) -> PackedWeight:
   fmt = w.format.name
   if format is not None and format != fmt:
     raise ValueError(f"{who}: w is {fmt}, not {format}")
-  if fmt not in FORMATS:
-    raise ValueError(f"{who}: w has format {fmt!r}; the Hopper weight-only kernel takes {FORMATS}")
+  if fmt not in WEIGHT_FORMATS:
+    raise ValueError(f"{who}: w has format {fmt!r}; the Hopper weight-only kernel takes {WEIGHT_FORMATS}")
   if w.ndim != 2 or w.axis != 1:
     raise ValueError(f"{who}: w must be an (N, K) weight quantized along its last axis, got shape "
                      f"{w.shape}, axis {w.axis}")
@@ -425,7 +421,7 @@ def _prepare_impl(data, scales, fmt: str, n: int, k: int):
   bk = _BLOCK_K[fmt]
   s_, ks = n // TILE_ROWS, kp // TILE_K
   edt, ebits = _ELEM[fmt]
-  codes = _encode(data.astype(jnp.float32)[:, :k], edt, ebits)  # (N, K) uint32
+  codes = encode(data.astype(jnp.float32)[:, :k], edt, ebits)  # (N, K) uint32
   sc = scales
   if sc.shape[1] * bk < kp:  # pad the scale blocks to Kp (zero weights there)
     pad_val = jnp.asarray(1.0, jnp.float32).astype(sc.dtype)
@@ -561,7 +557,7 @@ def _dequant_impl(packed, codes, global_scale, fmt: str, n: int, k: int):
     vals = jnp.stack(elems, axis=-1).reshape(s_, ks, 8, 4, 4, 2, 4)        # (s, j, g, t, q, h, kk)
     vals = vals.transpose(0, 5, 2, 1, 3, 4, 6).reshape(n, kp)               # (s, h, g, j, t, q, kk)
   edt, ebits = _ELEM[fmt]
-  w = _decode(vals, edt, ebits)
+  w = decode(vals, edt, ebits)
   nb = TILE_K // bk
   sc = codes.reshape(s_, ks, nb, 8, 2).transpose(0, 4, 3, 1, 2).reshape(n, kp // bk)
   sv = _scale_values(sc, fmt)
@@ -592,23 +588,8 @@ def _epilogue(acc, x_scale, bias, *, out_dtype, has_x_scale: bool, has_bias: boo
 
 # -- the primitive ----------------------------------------------------------------------------
 
-weightonly_gemm_p = Primitive("jax_gmma_weightonly_gemm")
-weightonly_gemm_p.def_impl(functools.partial(dispatch.apply_primitive, weightonly_gemm_p))
-weightonly_gemm_p.def_abstract_eval(
-    lambda x, *rest, n, out_dtype, **__: _vma.out_aval((x.shape[0], n), out_dtype, x, *rest))
-mlir.register_lowering(weightonly_gemm_p,
-                       _sharding.lowering(weightonly_gemm_p, mlir.lower_fun(weightonly_reference, multiple_results=False)))
-
-
-def _cuda_lowering(ctx, x, x_scale, packed, scales, global_scale, bias, *, fmt, n, k, out_dtype,
-                   has_x_scale, has_bias, rows, tokens, k_warps):
-  params = dict(fmt=fmt, n=n, k=k, out_dtype=out_dtype, has_x_scale=has_x_scale,
-                has_bias=has_bias, rows=rows, tokens=tokens, k_warps=k_warps)
-  dev = _backend.check_cuda_kernels("weightonly_gemm")
-  if dev is None:
-    return mlir.lower_fun(weightonly_reference, multiple_results=False)(
-        ctx, x, x_scale, packed, scales, global_scale, bias, **params)
-  _backend.register_targets()
+def _gemm_kernel(ctx, x, x_scale, packed, scales, global_scale, bias, *, fmt, n, k, out_dtype,
+                 has_x_scale, has_bias, rows, tokens, k_warps):
   rule = jax.ffi.ffi_lowering(WEIGHTONLY_TARGET)
   return rule(ctx, x, x_scale, packed, scales, global_scale, bias,
               scale_kind=np.int32(_SCALE_KIND[fmt]), rows=np.int32(rows), tokens=np.int32(tokens),
@@ -616,13 +597,64 @@ def _cuda_lowering(ctx, x, x_scale, packed, scales, global_scale, bias, *, fmt, 
               has_x_scale=bool(has_x_scale), has_global=fmt == "nvfp4", has_bias=bool(has_bias))
 
 
-mlir.register_lowering(weightonly_gemm_p,
-                       _sharding.lowering(weightonly_gemm_p, _cuda_lowering), platform="cuda")
+def _gemm_partition_rule(avals, params):
+  x, xs, packed, scales, g, bias = avals
+  m = x.shape[0]
+  n = params["n"]
+  strips = packed.shape[0]
+
+  def check(f, d):
+    if f == "m":
+      return sharding.divides(m, d, "M")
+    return sharding.divides(strips, d, "the weight's 16-row strips")
+
+  def local(p, shapes_):
+    m_l, n_l = shapes_[0][0], shapes_[2][0] * TILE_ROWS
+    picked = pick_cta(m, n, x.shape[1], p["fmt"])
+    if (p["rows"], p["tokens"], p["k_warps"]) == picked:  # not forced: pick for the shard
+      rows, tokens, kw = pick_cta(m_l, n_l, x.shape[1], p["fmt"])
+    else:
+      rows, tokens, kw = p["rows"], p["tokens"], p["k_warps"]
+      if n_l % rows:
+        rows, kw = TILE_ROWS, 8
+    return {**p, "n": n_l, "rows": rows, "tokens": tokens, "k_warps": kw}
+
+  return sharding.Rule(operands=(("m", "kp"), sharding.vector("m", "xs", xs.shape[0], m),
+                                 ("ns",) + sharding.fresh("p", packed.ndim - 1),
+                                 ("ns",) + sharding.fresh("s", scales.ndim - 1),
+                                 ("g",), sharding.bias_factors(bias, n)),
+                       results=(("m", "n"),), shardable=("m", "n"), check=check,
+                       compound={"n": ("ns", "nr", TILE_ROWS)}, local_params=local)
+
+
+
+def _fold_rest(args, dims, size, m, kp, params):
+  # (x, x_scale, packed, scales, global_scale, bias): x_scale (M,) or an ignored (1,)
+  if params["has_x_scale"]:
+    args[1] = batching.rows_scale(args[1], dims[1], size, m)
+  elif dims[1] is not batching.NOT_MAPPED:  # placeholder operand, ignored
+    args[1] = jnp.moveaxis(args[1], dims[1], 0)[0]
+  # The CTA shape was picked for M rows: re-picked for size * M unless it was forced.
+  fmt, n = params["fmt"], params["n"]
+  if (params["rows"], params["tokens"], params["k_warps"]) == pick_cta(m, n, kp, fmt):
+    params["rows"], params["tokens"], params["k_warps"] = pick_cta(size * m, n, kp, fmt)
+  return args, params
+
+
+WEIGHTONLY_GEMM = primitive.define(
+    "jax_gmma_weightonly_gemm",
+    abstract_eval=lambda x, *rest, n, out_dtype, **__: _vma.out_aval(
+        (x.shape[0], n), out_dtype, x, *rest),
+    reference=weightonly_reference, user_fn="jax_gmma.weightonly_gemm", kernel=_gemm_kernel,
+    kernel_missing=lambda ctx, params: _backend.missing_reason("weightonly_gemm"),
+    op="weightonly_gemm", partition_rule=_gemm_partition_rule,
+    vmap=batching.fold((2, 3, 4, 5), _fold_rest))
+weightonly_gemm_p = WEIGHTONLY_GEMM.p
 
 
 # -- unpack: the prepared layout -> a plain (N, Kp) bf16 or FP8 matrix (the prefill path) ------
 
-UNPACK_TARGET = "jax_gmma_weightonly_unpack"
+UNPACK_TARGET = _backend.WEIGHTONLY_UNPACK_TARGET
 
 
 def unpack_reference(packed, scales, row_exp, *, fmt, n, kp, out_dtype):
@@ -636,25 +668,33 @@ def unpack_reference(packed, scales, row_exp, *, fmt, n, kp, out_dtype):
   return jnp.where(jnp.isfinite(w), w, jnp.nan).astype(out_dtype)
 
 
-weightonly_unpack_p = Primitive("jax_gmma_weightonly_unpack")
-weightonly_unpack_p.def_impl(functools.partial(dispatch.apply_primitive, weightonly_unpack_p))
-weightonly_unpack_p.def_abstract_eval(
-    lambda packed, *rest, n, kp, out_dtype, **__: _vma.out_aval((n, kp), out_dtype, packed, *rest))
-mlir.register_lowering(weightonly_unpack_p,
-                       _sharding.lowering(weightonly_unpack_p, mlir.lower_fun(unpack_reference, multiple_results=False)))
-
-
-def _unpack_cuda_lowering(ctx, packed, scales, row_exp, *, fmt, n, kp, out_dtype):
-  if _backend.check_cuda_kernels("weightonly_unpack") is None:
-    return mlir.lower_fun(unpack_reference, multiple_results=False)(
-        ctx, packed, scales, row_exp, fmt=fmt, n=n, kp=kp, out_dtype=out_dtype)
-  _backend.register_targets()
+def _unpack_kernel(ctx, packed, scales, row_exp, *, fmt, n, kp, out_dtype):
   return jax.ffi.ffi_lowering(UNPACK_TARGET)(ctx, packed, scales, row_exp,
                                              scale_kind=np.int32(_SCALE_KIND[fmt]))
 
 
-mlir.register_lowering(weightonly_unpack_p,
-                       _sharding.lowering(weightonly_unpack_p, _unpack_cuda_lowering), platform="cuda")
+def _unpack_partition_rule(avals, params):
+  packed, scales, row_exp = avals
+  n = params["n"]
+  strips = packed.shape[0]
+  return sharding.Rule(operands=(("ns",) + sharding.fresh("p", packed.ndim - 1),
+                                 ("ns",) + sharding.fresh("s", scales.ndim - 1),
+                                 sharding.vector("n", "e", row_exp.shape[0], n)),
+                       results=(("n", "kp"),), shardable=("n",),
+                       compound={"n": ("ns", "nr", TILE_ROWS)},
+                       check=lambda f, d: sharding.divides(strips, d, "the weight's 16-row strips"),
+                       local_params=lambda p, s: {**p, "n": s[0][0] * TILE_ROWS})
+
+
+
+WEIGHTONLY_UNPACK = primitive.define(
+    "jax_gmma_weightonly_unpack",
+    abstract_eval=lambda packed, *rest, n, kp, out_dtype, **__: _vma.out_aval(
+        (n, kp), out_dtype, packed, *rest),
+    reference=unpack_reference, user_fn="jax_gmma.weightonly.unpack", kernel=_unpack_kernel,
+    kernel_missing=lambda ctx, params: _backend.missing_reason("weightonly_unpack"),
+    op="weightonly_unpack", partition_rule=_unpack_partition_rule, vmap=batching.map_rule)
+weightonly_unpack_p = WEIGHTONLY_UNPACK.p
 
 
 def unpack(w: PackedWeight, dtype=jnp.bfloat16, row_exp=None) -> jax.Array:
@@ -683,7 +723,7 @@ def unpack(w: PackedWeight, dtype=jnp.bfloat16, row_exp=None) -> jax.Array:
 def pick_cta(m: int, n: int, k: int, fmt: str) -> tuple:
   """(rows per CTA, tokens per CTA, warps splitting K) the kernel picks for (M, N, K) and the
   weight format (mirrors weightonly_pick in cpp/sm90_fp4_gemm_weightonly.cu; measured on the
-  H200, benchmarks/results/2026-11-30-h200/session8/wo_cta_shapes and session12/wo_layout)."""
+  H200, measured 2026-11-30, the CTA-shape and layout sweeps)."""
   strips = n // 16
   tokens = 8 if m <= 8 else 16
   if fmt in ("nvfp4", "mxfp4"):
@@ -719,11 +759,11 @@ def resolve_cta(m: int, n: int, k: int, fmt: str, rows=None, tokens=None, k_warp
 #: ``path="auto"`` takes a prefill path (:func:`unpack` + a tensor-core GEMM) from this many
 #: tokens (M) on: the decode kernel re-reads the weights per 16 tokens, so its time grows with
 #: M, while the prefill paths pay one pass over the weights (the unpack kernel, ~3.5 TB/s) and
-#: then run at tensor-core speed. Measured on the H200 (benchmarks/results/2026-11-29-h200/
-#: session5/weightonly_prefill_switch, NVFP4, us, N x K = 8192 x 8192 / 28672 x 8192):
+#: then run at tensor-core speed. Measured on the H200 (2026-11-29
+#: the prefill switch, NVFP4, us, N x K = 8192 x 8192 / 28672 x 8192):
 #: M = 64: kernel 116 / 269, bf16 prefill path 98 / 285; M = 128: kernel 157 / 527, prefill
-#: 100 / 294; M = 256: kernel 304 / 1035, prefill 115 / 355. Re-measured with the session-8
-#: kernel shapes (2026-11-30-h200/session10/wo_prefill_switch): M = 64: kernel 89 / 166, dequant
+#: 100 / 294; M = 256: kernel 304 / 1035, prefill 115 / 355. Re-measured with the current
+#: kernel shapes (2026-11-30-h200/, the prefill switch): M = 64: kernel 89 / 166, dequant
 #: 151 / 287; M = 96: 96 / 253 vs 144 / 301; M = 128: 94 / 325 vs 104 / 302 (a wash: +-10%);
 #: M = 192: 147 / 475 vs 173 / 337 -- 128 stays the switch.
 PREFILL_MIN_M = 128
@@ -755,7 +795,6 @@ def _fp8_gemm_route(x8, xs, w: PackedWeight, bias, *, out_dtype, has_x_scale: bo
   accumulation: float32 every 128 of K). ``rounded=False`` ("fp8", MX weights with
   ``fp8_exact``): :func:`row_exponents`, exact. ``rounded=True`` ("fp8_rounded", any format):
   :func:`rounded_row_exponents`, weights rounded to nearest e4m3."""
-  from .ops import fp8_gemm  # noqa: PLC0415
   e = rounded_row_exponents(w) if rounded else row_exponents(w)
   w8 = unpack(w, E4M3, row_exp=e)
   ws = jnp.ldexp(jnp.broadcast_to(w.global_scale.reshape(()), (w.n,)), e - 127)
@@ -889,3 +928,31 @@ def weightonly_gemm(x, w: PackedWeight, *, x_scale=None, bias=None, out_dtype=No
                                has_bias=bias is not None, rows=int(rows), tokens=int(tokens),
                                k_warps=int(k_warps))
   return out.reshape(*lead, w.n)
+
+
+# -- jax_gmma.dot on this family's weights ---------------------------------------------------
+
+#: Activation formats of a QuantizedArray x that ``dot`` widens to bf16 for these weights.
+ACTIVATION_FORMATS = ("fp8_tensor", "fp8_channel")
+
+
+def serves(w) -> bool:
+  """Whether :func:`dot` multiplies weight ``w`` (a :class:`PackedWeight`)."""
+  return isinstance(w, PackedWeight)
+
+
+def dot(x, w, *, bias, out_dtype, **_):
+  """``jax_gmma.dot`` for FP4 / FP6 weights prepared for Hopper (:func:`prepare`): a float x is
+  multiplied in bfloat16 (float32/float16 inputs are rounded to bf16 first); an FP8
+  QuantizedArray x (fp8_tensor / fp8_channel) is widened to bf16 exactly with its scales."""
+  if isinstance(x, QuantizedArray):
+    if x.format.name not in ACTIVATION_FORMATS:
+      raise ValueError(f"x: format {x.format.name!r} cannot multiply FP4/FP6 weights; use fp8_tensor, "
+                       "fp8_channel or a float x")
+    return weightonly_gemm(x.data, w, x_scale=x.scales, bias=bias,
+                           out_dtype=shapes.BF16 if out_dtype is None else out_dtype)
+  x = jnp.asarray(x)
+  default_out = shapes.F32 if np.dtype(x.dtype) == shapes.F32 else shapes.BF16
+  if np.dtype(x.dtype) != shapes.BF16:
+    x = x.astype(jnp.bfloat16)
+  return weightonly_gemm(x, w, bias=bias, out_dtype=default_out if out_dtype is None else out_dtype)
