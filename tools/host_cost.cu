@@ -1,10 +1,11 @@
 // Host cost of one GEMM launch through the kernel library's C++ interface (what our XLA FFI
 // handler does per call, minus XLA), next to the CUDA calls it is made of. No JAX.
 //
-// Build (CPU machine, against the built library):
-//   nvcc -std=c++17 -O2 -Icpp/include tools/host_cost.cu -Lprebuilt -ljax_gmma_cuda \
-//        -cudart static -Xlinker -rpath,'$ORIGIN' -o prebuilt/host_cost
-// Run (GPU): prebuilt/host_cost [iters]
+// Build, against the library of the installed package (jax_gmma/libjax_gmma_cuda.so):
+//   L=$(cd /tmp && python3 -c "import jax_gmma, os; print(os.path.dirname(jax_gmma.__file__))")
+//   nvcc -std=c++17 -O2 -Icpp/include tools/host_cost.cu -L"$L" -ljax_gmma_cuda \
+//        -cudart static -Xlinker -rpath,"$L" -o host_cost
+// Run (GPU): ./host_cost [iters]
 //
 // Each row: host microseconds per call, median of 7 repeats of `iters` calls enqueued back to
 // back on one stream (no synchronization inside a repeat), and the GPU microseconds per call

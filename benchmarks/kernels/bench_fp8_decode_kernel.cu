@@ -7,8 +7,8 @@
 //   C=$(python3 -c "import cutlass_library, os; print(os.path.join(os.path.dirname(cutlass_library.__file__), 'source'))")
 //   nvcc -std=c++17 -O3 -DNDEBUG --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a \
 //        -cudart static -Icpp/include -Icpp -I$C/include -I$C/tools/util/include \
-//        tools/bench_fp8_decode_kernel.cu -o prebuilt/fp8_decode_bench
-// Run (GPU): prebuilt/fp8_decode_bench [M N K [reps [words]]]   (default 64 28672 8192)
+//        benchmarks/kernels/bench_fp8_decode_kernel.cu -o fp8_decode_bench
+// Run (GPU): ./fp8_decode_bench [M N K [reps [words]]]   (default 64 28672 8192)
 //
 // e4m3 x e4m3 -> bf16, per-tensor scales, two-level accumulation unless the name says fast.
 // Each row: µs per GEMM, median of 9 repeats of 32 back-to-back launches over 16 distinct
@@ -24,7 +24,7 @@
 
 #include "sm90_fp8_gemm_tensorwise.cuh"
 
-#include "cuda_check.h"
+#include "../../tools/cuda_check.h"
 
 namespace fp8_decode_bench {
 using namespace jax_gmma;
@@ -33,8 +33,8 @@ using namespace jax_gmma::sm90;
 constexpr DType E4 = DType::kF8E4M3;
 constexpr DType BF = DType::kBF16;
 
-// Candidates beside the library's configs (session 24 also timed 64x64 tiles compiled for 2-4
-// CTAs per SM through Config's MinBlocks_, benchmarks/results/2026-12-02-h200/session24/kernel_alone/).
+// Candidates beside the library's configs (64x64 tiles compiled for 2-4 CTAs per SM through
+// Config's MinBlocks_ were timed too and lost).
 template <int TN, int S>
 using WsFastC2 = Config<Shape<_64, Int<TN>, _128>, Shape<_2, _1, _1>, sched::KernelTmaWarpSpecializedFP8FastAccum,
                         epi::TmaWarpSpecialized, void, true, S>;
@@ -102,7 +102,7 @@ int bench_main(int argc, char** argv) {
       row<CfgDecodeSwapPp<64>>("lib swap_64x64 pingpong 2lvl", 1, 1),
       row<CfgDecodeSwapWs<64, 6>>("ws 64x64 s6 (non-persistent)", 1, 1),
       row<WsFastMb<64, 3, 1>>("ws fast 64x64 s3", 1, 1),
-      // cuBLASLt's shapes (session 24 ncu): 256x64 tiles in 4x1 clusters at M = 64 (one wave
+      // cuBLASLt's shapes (read with ncu): 256x64 tiles in 4x1 clusters at M = 64 (one wave
       // of 112 CTAs, activations multicast to 4 CTAs), 128x8 / 128x16 tiles in 2x1 clusters
       // with 11-12 stages at M = 1 / 16.
       row<CfgDecodeSwapCoop<256, 64, 4>>("coop 256x64 c4x1 streamk 2lvl", 1, 0),

@@ -2,7 +2,7 @@
 // no JAX. Build (CPU machine) and run on the GPU:
 //
 //   nvcc -std=c++17 -O3 -DNDEBUG -gencode=arch=compute_90a,code=sm_90a -cudart static \
-//        -Icpp/include -I<cutlass>/include tools/bench_mxf8_kernel.cu -o mxf8_bench
+//        -Icpp/include -I<cutlass>/include benchmarks/kernels/bench_mxf8_kernel.cu -o mxf8_bench
 //   ./mxf8_bench [iters] [skip | large]   (skip: decode timings only; large: large-M timings only)
 //   ./mxf8_bench iters one CONFIG M N K   (one config at one shape, e.g. under ncu)
 //
@@ -23,10 +23,10 @@
 #include <tuple>
 #include <vector>
 
-#include "../cpp/sm90_mxf8_gemm_blockscaled.cu"
-#include "../cpp/sm90_mxf8_gemm_blockscaled_stream.cu"
+#include "../../cpp/sm90_mxf8_gemm_blockscaled.cu"
+#include "../../cpp/sm90_mxf8_gemm_blockscaled_stream.cu"
 
-#include "cuda_check.h"
+#include "../../tools/cuda_check.h"
 
 using namespace jax_gmma;
 

@@ -3,18 +3,18 @@
 // device-to-device copy of the same bytes. No JAX.
 //
 //   nvcc -std=c++17 -O3 -DNDEBUG -gencode=arch=compute_90a,code=sm_90a -cudart static \
-//        -Icpp/include tools/bench_quantize_kernel.cu -o prebuilt/quant_bench
-//   prebuilt/quant_bench [M K]   (default 4096 7168, bf16 input, fp8_1x128 and mxfp8)
+//        -Icpp/include benchmarks/kernels/bench_quantize_kernel.cu -o quant_bench
+//   ./quant_bench [M K]   (default 4096 7168, bf16 input, fp8_1x128 and mxfp8)
 //
 // Inputs rotate over enough copies to exceed the 60 MB L2; median of 15 repeats of 20 launches.
-#include "../cpp/sm90_fp8_quantize.cu"
+#include "../../cpp/sm90_fp8_quantize.cu"
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
 
-#include "cuda_check.h"
+#include "../../tools/cuda_check.h"
 
 
 template <class F>

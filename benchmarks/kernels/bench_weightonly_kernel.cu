@@ -3,14 +3,14 @@
 // launches on enough distinct weight copies to defeat the 60 MB L2. Build (CPU machine) and run:
 //
 //   nvcc -std=c++17 -O3 -DNDEBUG -gencode=arch=compute_90a,code=sm_90a -cudart static \
-//        -Icpp/include [-DJAX_GMMA_WO_DEPTH=4] tools/bench_weightonly_kernel.cu -o wo_bench
+//        -Icpp/include [-DJAX_GMMA_WO_DEPTH=4] benchmarks/kernels/bench_weightonly_kernel.cu -o wo_bench
 //   Tuning hooks (never set by the library build): -include a header that defines
 //   JAX_GMMA_WO_CTA_SHAPES (another kWoCtaShapes table, weightonly_common.cuh; the first row is
 //   the reference of the shape check), -DJAX_GMMA_WO_MIN_WARPS=W (FP4 kernels: __launch_bounds__
 //   asks for W resident warps per SM, capping registers), -DJAX_GMMA_WO_DEPTH=D (even; every FP4
 //   tile, the library's 2-step rule for the 16x8 kw8 tile off).
 //   -DJAX_GMMA_WO_ABLATE=1 / 2 (weightonly_common.cuh: drop MMAs / activation loads, wrong results,
-//   timing only). benchmarks/results/2026-12-03-h200/session26/wo_cta_shapes_tried/ used the first three.
+//   timing only).
 //
 //   ./wo_bench [iters] [format]   # format: nvfp4 (default), mxfp4, mxfp6_e2m3, mxfp6_e3m2, all
 //                                 # prints one line per (format, shape, M, CTA shape): us, GB/s
@@ -27,10 +27,10 @@
 
 #include <cstring>
 
-#include "../cpp/sm90_fp4_gemm_weightonly.cu"
-#include "../cpp/sm90_fp6_gemm_weightonly.cu"
+#include "../../cpp/sm90_fp4_gemm_weightonly.cu"
+#include "../../cpp/sm90_fp6_gemm_weightonly.cu"
 
-#include "cuda_check.h"
+#include "../../tools/cuda_check.h"
 
 namespace timing {
 using jax_gmma::WoScale;
