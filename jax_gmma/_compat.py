@@ -24,9 +24,16 @@ try:
 except ImportError:  # pragma: no cover
   custom_partitioning = None
 
+try:  # public in jax >= 0.4.31 (jax.export)
+  from jax.export import is_symbolic_dim
+  from jax.export import register_pytree_node_serialization
+except ImportError:  # pragma: no cover
+  from jax._src.core import is_symbolic_dim
+  from jax._src.export._export import register_pytree_node_serialization
+
 __all__ = ["Primitive", "ShapedArray", "apply_primitive", "requires_devices_during_lowering",
            "ShardingContext", "SPMDAxisContext", "HAS_MANUAL_AXIS_TYPE", "manual_axis_type",
-           "custom_partitioning"]
+           "custom_partitioning", "is_symbolic_dim", "register_pytree_node_serialization"]
 
 #: Eager execution of a primitive (through jit).
 apply_primitive = _dispatch.apply_primitive

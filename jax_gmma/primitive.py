@@ -23,13 +23,24 @@ import functools
 from typing import Callable, Dict, Optional
 
 import jax
+import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 from jax.interpreters import ad, batching, mlir
 
 from . import _backend, sharding
+from .numerics import shapes
 from ._compat import Primitive, ShapedArray, apply_primitive
 
-__all__ = ["define", "Op", "OPS", "NotDifferentiable", "ffi_with_workspace"]
+__all__ = ["define", "Op", "OPS", "NotDifferentiable", "ffi_with_workspace", "FLOAT_DTYPES",
+           "dtype_name", "check_float", "out_dtype_or_error", "check_bias", "check_splits",
+           "caller_of", "named", "CALLER"]
+
+#: The float dtypes of the GEMMs' float operands (activations, bias) and outputs.
+FLOAT_DTYPES = (np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16), np.dtype(np.float32))
+#: The optional primitive parameter that names what the user called, for the errors raised at
+#: lowering time: ``(function, a argument, b argument)``, e.g. ``("dot", "x", "w")``.
+CALLER = "caller"
 
 
 class NotDifferentiable(TypeError):
@@ -51,6 +62,94 @@ class Op:
 OPS: Dict[str, Op] = {}
 
 
+# -- argument checks the public GEMM functions share -----------------------------------------
+# Each takes ``who``, the public function the user called ("jax_gmma.dot"), which starts the
+# message; the message then names the argument and the rule.
+
+def dtype_name(dt) -> str:
+  try:
+    return np.dtype(dt).name
+  except TypeError:
+    return repr(dt)
+
+
+def _names(dtypes) -> str:
+  return ", ".join(np.dtype(d).name for d in dtypes)
+
+
+def check_float(dtype, who: str, name: str, allowed=None, what: str = "array") -> np.dtype:
+  """``dtype`` of argument ``name`` must be a real floating dtype (``allowed``: one of these):
+  integer, bool and complex dtypes are refused (a complex value would lose its imaginary part
+  in the float32 maths, an integer one is not what the kernels read)."""
+  dt = np.dtype(dtype)
+  if allowed is not None:
+    if dt not in allowed:
+      raise TypeError(f"{who}: {name} must be a floating {what} ({_names(allowed)}), got {dt.name}")
+    return dt
+  if not jnp.issubdtype(dt, jnp.floating):
+    raise TypeError(f"{who}: {name} must be floating point (a real floating {what}), got {dt.name}")
+  return dt
+
+
+def out_dtype_or_error(out_dtype, who: str, allowed=FLOAT_DTYPES, name: str = "out_dtype") -> np.dtype:
+  """``out_dtype`` as a numpy dtype, or a TypeError naming it: one of ``allowed``."""
+  names = [np.dtype(d).name for d in allowed]
+  rule = (f"{name} must be {', '.join(names[:-1])} or {names[-1]}" if len(names) > 1
+          else f"{name} must be {names[0]}") + " (one of the floating dtypes the kernels write)"
+  try:
+    dt = np.dtype(jnp.dtype(out_dtype))
+  except (TypeError, ValueError):
+    raise TypeError(f"{who}: {rule}, got {out_dtype!r}") from None
+  if dt not in allowed:
+    raise TypeError(f"{who}: {rule}, got {dt.name}")
+  return dt
+
+
+def check_bias(bias, n: int, who: str):
+  """None, or ``bias`` as an array: a real floating (N,) vector."""
+  if bias is None:
+    return None
+  bias = jnp.asarray(bias)
+  check_float(bias.dtype, who, "bias", what="(N,) vector")
+  if tuple(bias.shape) != (n,):
+    raise ValueError(f"{who}: bias must have shape (N,) = ({n},), got {tuple(bias.shape)}")
+  return bias
+
+
+def check_splits(splits, who: str, stream_k: Optional[bool] = None):
+  """``splits``: None (the heuristic's), or an int >= 0 (0: CUTLASS's stream-K heuristic, 1:
+  data-parallel, > 1: split-K); with a forced config that is not stream-K, only 1."""
+  if splits is None:
+    return None
+  if isinstance(splits, bool) or not isinstance(splits, (int, np.integer)):
+    raise TypeError(f"{who}: splits must be None or an int >= 0, got {splits!r}")
+  if splits < 0:
+    raise ValueError(f"{who}: splits must be None or an int >= 0, got {splits}")
+  if stream_k is False and splits != 1:
+    raise ValueError(f"{who}: splits must be 1 (or None) for a config without stream-K, got {splits}")
+  return int(splits)
+
+
+def named(who: str, fn: Callable, *args, **kwargs):
+  """``fn(*args, **kwargs)`` (a shape rule of :mod:`jax_gmma.numerics.shapes` or a config
+  lookup), its TypeError / ValueError re-raised with ``who`` in front: the public function the
+  user called."""
+  try:
+    return fn(*args, **kwargs)
+  except (TypeError, ValueError) as e:
+    msg = str(e)
+    if msg.startswith(who + ":"):
+      raise
+    raise type(e)(f"{who}: {msg}") from None
+
+
+def caller_of(params, default: tuple) -> tuple:
+  """The ``(function, a argument, b argument)`` a primitive's parameters name (``CALLER``), or
+  ``default``."""
+  c = params.get(CALLER)
+  return tuple(c) if c else tuple(default)
+
+
 def _not_differentiable(user_fn: str):
   def rule(primals, tangents, **params):
     raise NotDifferentiable(
@@ -66,7 +165,7 @@ def define(name: str, *, abstract_eval: Callable, reference: Callable, user_fn: 
            op: Optional[str] = None, quiet_fallback: bool = False,
            multiple_results: bool = False, partition_rule: Optional[Callable] = None,
            vmap: Optional[Callable] = None, jvp: Optional[Callable] = None,
-           graph_safe: bool = True) -> Op:
+           graph_safe: bool = True, symbolic_ok: bool = False) -> Op:
   """Defines the primitive ``name`` from a family's declaration.
 
   abstract_eval(*avals, **params): the output aval(s).
@@ -74,11 +173,15 @@ def define(name: str, *, abstract_eval: Callable, reference: Callable, user_fn: 
   user_fn: the user-facing function, named by the not-differentiable error.
   kernel(ctx, *args, **params): the CUDA lowering when a kernel can run (targets registered).
   kernel_missing(ctx, params): None when the kernel can run here, else why not (a sentence).
-  op: the name in KernelUnavailable messages ("jax_gmma.<op>: <why>. Refusing ...").
+  op: the name in KernelUnavailable messages ("jax_gmma.<op>: <why>. Refusing ..."), unless the
+    bound parameters name the caller (``CALLER``: the public function the user called).
   quiet_fallback: run the reference without a kernel, never refuse (quantization).
   partition_rule(avals_in, params) -> sharding.Rule: how the primitive partitions.
   vmap(prim) -> batching rule; jvp: a JVP rule instead of the not-differentiable error.
   graph_safe: the kernel's FFI handler is command-buffer compatible.
+  symbolic_ok: the kernel lowering accepts symbolic (``jax.export`` shape-polymorphic) dims;
+    otherwise a symbolic dim reaching the CUDA lowering is refused by name (the kernel picks
+    its tile configuration and workspace from M when the program is lowered).
   """
   p = Primitive(name)
   p.multiple_results = multiple_results
@@ -86,6 +189,7 @@ def define(name: str, *, abstract_eval: Callable, reference: Callable, user_fn: 
   p.def_abstract_eval(abstract_eval)
 
   def reference_lowering(ctx, *args, **params):
+    params.pop(CALLER, None)
     return mlir.lower_fun(reference, multiple_results=multiple_results)(ctx, *args, **params)
 
   def cuda_lowering(ctx, *args, **params):
@@ -93,7 +197,18 @@ def define(name: str, *, abstract_eval: Callable, reference: Callable, user_fn: 
     if why is not None:
       if quiet_fallback or _backend.reference_allowed():
         return reference_lowering(ctx, *args, **params)
-      raise _backend.unavailable(op or name, why)
+      # the function the user called (a public entry point passes it as the CALLER parameter)
+      raise _backend.unavailable(caller_of(params, (op or name,))[0], why)
+    if not symbolic_ok and any(not shapes.is_constant_dim(d) for a in getattr(ctx, "avals_in", ())
+                               for d in getattr(a, "shape", ())):
+      who = caller_of(params, (op or name,))[0]
+      who = who if who.startswith("jax_gmma.") else f"jax_gmma.{who}"
+      raise ValueError(
+          f"{who}: a symbolic dimension (jax.export shape polymorphism) reaches the CUDA kernel, "
+          "which picks its tile configuration and workspace from M when the program is lowered; "
+          "export it for CUDA with concrete shapes (one export per token bucket). Symbolic token "
+          "dimensions export for the reference (platforms=('cpu',)) and for PackedWeight weights")
+    params.pop(CALLER, None)
     _backend.register_targets()
     return kernel(ctx, *args, **params)
 

@@ -38,11 +38,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _vma
+from . import _vma, primitive
 from .numerics import shapes
-from .ops.blockwise import blockwise_gemm
+from .ops import blockwise, tensorwise
 from .ops.quantize import quantize
-from .ops.tensorwise import fp8_gemm
 
 E4M3 = jnp.float8_e4m3fn
 E5M2 = jnp.float8_e5m2
@@ -54,8 +53,24 @@ RECIPES = ("tensor", "blockwise")
 BLOCK = 128
 
 
+#: What fp8_linear's kernel errors (raised when the program is lowered) name.
+CALLER = ("fp8_linear", "x", "w")
+
+
+def fp8_gemm(a, b, a_scale, b_scale, *, bias=None, out_dtype, fast_accum):
+  """jax_gmma.fp8_gemm, its errors naming fp8_linear."""
+  return tensorwise.gemm(a, b, a_scale, b_scale, bias=bias, out_dtype=out_dtype, fast_accum=fast_accum,
+                         config=None, splits=None, caller=CALLER)
+
+
+def blockwise_gemm(a, b, a_scales, b_scales, *, bias=None, out_dtype):
+  """jax_gmma.blockwise_gemm, its errors naming fp8_linear."""
+  return blockwise.gemm(a, b, a_scales, b_scales, bias=bias, out_dtype=out_dtype, config=None,
+                        splits=None, caller=CALLER)
+
+
 def _check(x, w, bias, out_dtype, recipe):
-  who = "fp8_linear"
+  who = "jax_gmma.fp8_linear"
   if recipe not in RECIPES:
     raise ValueError(f"{who}: recipe must be one of {RECIPES}, got {recipe!r}")
   for name, v in (("x", x), ("w", w)):
@@ -67,8 +82,10 @@ def _check(x, w, bias, out_dtype, recipe):
   n, k = w.shape
   if x.ndim < 1 or x.shape[-1] != k:
     raise ValueError(f"{who}: x must be (..., K) with K = w.shape[1] = {k}, got shape {x.shape}")
-  if x.size == 0:
-    raise ValueError(f"{who}: x must be non-empty, got shape {x.shape}")
+  if n == 0 or k == 0:
+    raise ValueError(f"{who}: w must be non-empty (N, K >= 1), got shape {w.shape}")
+  if max(int(np.prod(x.shape[:-1], dtype=np.int64)), n, k) >= 2**31:
+    raise ValueError(f"{who}: dimensions must be < 2**31: x {x.shape}, w {w.shape}")
   if k % 16:
     raise ValueError(f"{who}: K = {k} must be a multiple of 16 (the forward GEMM's contraction)")
   if n % 16:
@@ -76,10 +93,9 @@ def _check(x, w, bias, out_dtype, recipe):
   if recipe == "blockwise" and (k % BLOCK or n % BLOCK):
     raise ValueError(f"{who}: recipe='blockwise' needs K and N multiples of {BLOCK} (128x128 weight "
                      f"blocks, transposed for dgrad), got K = {k}, N = {n}")
-  if bias is not None and (bias.shape != (n,) or not jnp.issubdtype(bias.dtype, jnp.floating)):
-    raise ValueError(f"{who}: bias must be a float (N,) = ({n},) array, got {bias.dtype}{bias.shape}")
-  if out_dtype is not None and np.dtype(jnp.dtype(out_dtype)) not in shapes.OUT_DTYPES:
-    raise TypeError(f"{who}: out_dtype must be bfloat16, float16 or float32, got {out_dtype}")
+  primitive.check_bias(bias, n, who)
+  if out_dtype is not None:
+    primitive.out_dtype_or_error(out_dtype, who, shapes.OUT_DTYPES)
 
 
 def fp8_linear(x, w, bias=None, *, out_dtype=None, recipe: str = "tensor",
@@ -97,7 +113,8 @@ def fp8_linear(x, w, bias=None, *, out_dtype=None, recipe: str = "tensor",
       or float32 promotion every 128 of K (False) for the forward GEMM and for dgrad / wgrad;
       None = True / False (TransformerEngine's defaults). The blockwise kernels always promote.
 
-  K and N must be multiples of 16 (128 for "blockwise"); any number of tokens. Runs jax-gmma's
+  K and N must be multiples of 16 (128 for "blockwise"); any number of tokens (none: an empty
+  result). Integer, bool and complex arrays and a non-float out_dtype are refused. Runs jax-gmma's
   FP8 GEMM kernels on Hopper and the pure-JAX reference elsewhere (``jax_gmma.allow_reference``
   on other GPUs). Reverse-mode only (``jax.grad`` / ``jax.vjp``), as for any ``jax.custom_vjp``.
   """
@@ -106,10 +123,13 @@ def fp8_linear(x, w, bias=None, *, out_dtype=None, recipe: str = "tensor",
   bias = None if bias is None else jnp.asarray(bias)
   _check(x, w, bias, out_dtype, recipe)
   out = np.dtype(x.dtype) if out_dtype is None else np.dtype(jnp.dtype(out_dtype))
+  if recipe == "blockwise" and (fast_accum_fwd is not None or fast_accum_bwd is not None):
+    raise ValueError("jax_gmma.fp8_linear: fast_accum_fwd / fast_accum_bwd apply to recipe='tensor' "
+                       "only (the block-scaled kernels promote every 128 of K)")
+  if x.size == 0:
+    # no tokens: an empty result (no FP8 GEMM to run); its gradients are zero
+    return jnp.zeros((*x.shape[:-1], w.shape[0]), out)
   if recipe == "blockwise":
-    if fast_accum_fwd is not None or fast_accum_bwd is not None:
-      raise ValueError("fp8_linear: fast_accum_fwd / fast_accum_bwd apply to recipe='tensor' only "
-                       "(the block-scaled kernels promote every 128 of K)")
     return _linear_blockwise(x, w, bias, out)
   fast_fwd = True if fast_accum_fwd is None else bool(fast_accum_fwd)
   fast_bwd = False if fast_accum_bwd is None else bool(fast_accum_bwd)

@@ -45,3 +45,18 @@ def cpu_device():
   import jax
   with jax.default_device(jax.devices("cpu")[0]):
     yield
+
+
+@pytest.fixture
+def fake_hopper(monkeypatch):
+  """The backend believes it runs on an H200 with the sm_90a kernels built (CPU tests of the
+  CUDA lowering's decisions and messages; nothing runs on the fake device)."""
+  from jax_gmma import _backend
+
+  class Dev:
+    compute_capability = "9.0"
+    device_kind = "NVIDIA H200"
+    core_count = 132
+  monkeypatch.setattr(_backend, "kernels_built", lambda: True)
+  monkeypatch.setattr(_backend, "built_archs", lambda: ["sm_90a"])
+  monkeypatch.setattr(_backend, "cuda_devices", lambda: [Dev()])

@@ -629,7 +629,7 @@ def test_quantize_errors():
     quantize(np.ones((4, 32), np.complex64))
   with pytest.raises(TypeError, match="x must be a floating array"):
     quantize("abc")
-  with pytest.raises(ValueError, match="quantize: get_format: unknown format "
+  with pytest.raises(ValueError, match="quantize: format: unknown format "
                      "name 'fp3'.*valid names are"):
     quantize(x, "fp3")
   with pytest.raises(TypeError, match="quantize: format must be"):

@@ -218,12 +218,15 @@ def test_fp6_errors():
   w = np.ones((32, 100), np.float32)
   with pytest.raises(ValueError, match="multiple of 16"):
     wo.prepare(np.ones((24, 128), np.float32), "mxfp6_e2m3")
-  big = np.full((16, 64), 2.0 ** 15, np.float32)  # e2m3 scale 2^13 > 2^11
-  with pytest.raises(ValueError, match="exceed 2\\^11"):
-    wo.prepare(big, "mxfp6_e2m3")
-  wo.prepare(big, "mxfp6_e3m2")  # e3m2: scale 2^11, within 2^13
-  with pytest.raises(ValueError, match="exceed 2\\^13"):
-    wo.prepare(big * 2.0 ** 5, "mxfp6_e3m2")
+  big = np.full((16, 64), 2.0 ** 15, np.float32)  # e2m3 scale 2^13 > 2^11: a global 2^2
+  wp = wo.prepare(big, "mxfp6_e2m3")
+  assert float(wp.global_scale[0]) == 4.0
+  np.testing.assert_array_equal(np.asarray(wp.dequantize()), big)
+  assert float(wo.prepare(big, "mxfp6_e3m2").global_scale[0]) == 1.0  # e3m2: within 2^13
+  wide = big.copy()
+  wide[0, :32] = 2.0 ** -124  # scales 2^-126 .. 2^13: more binades than the kernel's exact range
+  with pytest.raises(ValueError, match="binades"):
+    wo.prepare(wide, "mxfp6_e2m3")
   with pytest.raises(ValueError, match="is mxfp6_e3m2, not mxfp6_e2m3"):
     wo.prepare(jax_gmma.quantize(w, "mxfp6_e3m2"), "mxfp6_e2m3")
   wp = wo.prepare(w, "mxfp6_e2m3")  # K = 100: padded to 128 with zero weights
@@ -702,7 +705,7 @@ def test_layout_version_guard():
   w = _rng(11).standard_normal((32, 128)).astype(np.float32)
   wp = wo.prepare(w, "nvfp4")
   assert wp.layout == wo.LAYOUT_VERSION["nvfp4"] == 2 and "layout=2" in repr(wp)
-  assert wo.prepare(w, "mxfp6_e2m3").layout == 1
+  assert wo.prepare(w, "mxfp6_e2m3").layout == 2 and wo.prepare(w, "mxfp4").layout == 3
   assert wp.with_fp8_exact(None).layout == 2
   leaves, treedef = jax.tree_util.tree_flatten(wp)
   assert jax.tree_util.tree_unflatten(treedef, leaves).layout == 2

@@ -168,8 +168,8 @@ class Format:
 
   def scales_shape(self, shape: Tuple[int, ...]) -> Tuple[int, ...]:
     """Shape of the plain scale array for a canonical ``(..., rows, K)``
-    operand of shape ``shape``."""
-    shape = tuple(int(s) for s in shape)
+    operand of shape ``shape`` (dimensions may be symbolic)."""
+    shape = tuple(int(s) if isinstance(s, (int, np.integer)) else s for s in shape)
     if self.block_shape == "tensor":
       return ()
     *lead, rows, k = shape

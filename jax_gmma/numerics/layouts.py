@@ -97,6 +97,8 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
+from .._compat import is_symbolic_dim
+
 __all__ = [
   "ScaleLayout",
   "LAYOUTS",
@@ -134,6 +136,18 @@ _ROW_INNER = 32        # rows are split as (row % 32, row // 32 % 4)
 _ROW_OUTER = _ATOM_ROWS // _ROW_INNER   # 4
 
 
+def _dim(d):
+  """An int dimension as a Python int; a symbolic one (``jax.export``) unchanged; anything else
+  through ``int`` (TypeError / ValueError)."""
+  if isinstance(d, (bool, np.bool_)):
+    raise TypeError(f"a dimension must be an int, got {d!r}")
+  if is_symbolic_dim(d):
+    return d
+  if isinstance(d, (int, np.integer)):
+    return int(d)
+  return int(d)
+
+
 @dataclasses.dataclass(frozen=True)
 class ScaleLayout:
   """One registered scale layout (immutable).
@@ -159,14 +173,18 @@ class ScaleLayout:
     return self.name == ROWMAJOR
 
   def padded_dims(self, rows: int, k_blocks: int) -> Tuple[int, int]:
-    """``(rows, k_blocks)`` rounded up to whole tiles."""
-    return (-(-int(rows) // self.row_tile) * self.row_tile,
-            -(-int(k_blocks) // self.k_tile) * self.k_tile)
+    """``(rows, k_blocks)`` rounded up to whole tiles (dimensions may be symbolic)."""
+    rows, k_blocks = _dim(rows), _dim(k_blocks)
+    if self.row_tile > 1:
+      rows = -(-rows // self.row_tile) * self.row_tile
+    if self.k_tile > 1:
+      k_blocks = -(-k_blocks // self.k_tile) * self.k_tile
+    return rows, k_blocks
 
   def stored_shape(self, shape) -> Tuple[int, ...]:
     """Shape of the stored scales for a row-major scale matrix of shape
-    ``(..., rows, k_blocks)``."""
-    shape = tuple(int(s) for s in shape)
+    ``(..., rows, k_blocks)`` (dimensions may be symbolic)."""
+    shape = tuple(_dim(s) for s in shape)
     *lead, rows, kb = shape
     if self.is_rowmajor:
       return shape
@@ -255,7 +273,7 @@ def swizzled_shape(shape, layout=SM100_128X4) -> Tuple[int, ...]:
   who = "swizzled_shape"
   lay = resolve_layout(layout, who)
   try:
-    shape = tuple(int(s) for s in shape)
+    shape = tuple(_dim(s) for s in shape)
   except (TypeError, ValueError):
     raise TypeError(f"{who}: shape must be a tuple of ints, got "
                     f"{shape!r}") from None
@@ -291,7 +309,7 @@ def _check_rows_kb(shape, who: str, name: str):
   if len(shape) < 2:
     raise ValueError(f"{who}: {name} must have at least 2 dimensions "
                      f"(..., rows, k_blocks), got shape {tuple(shape)}")
-  if any(int(d) < 1 for d in shape):
+  if any(isinstance(d, (int, np.integer)) and d < 1 for d in shape):
     raise ValueError(f"{who}: every dimension of {name} must be >= 1 "
                      f"(rows, k_blocks and batch dims), got shape "
                      f"{tuple(shape)}")
@@ -306,6 +324,8 @@ def _as_scale_array(a, who: str, name: str):
 
 
 def _static_positive_int(v, who: str, name: str) -> int:
+  if is_symbolic_dim(v):
+    return v  # a symbolic dimension (jax.export) is >= 1
   if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
     raise TypeError(f"{who}: {name} must be a (static) int, got {v!r}")
   if v < 1:
@@ -356,7 +376,7 @@ def unswizzle_scales(swizzled, rows: int, k_blocks: int,
       f"{who}: for layout {lay.name!r} with rows={rows}, "
       f"k_blocks={k_blocks}, swizzled must have shape (..., "
       f"{', '.join(map(str, tail))}), got {tuple(swizzled.shape)}")
-  if any(int(d) < 1 for d in swizzled.shape):
+  if any(isinstance(d, (int, np.integer)) and d < 1 for d in swizzled.shape):
     raise ValueError(f"{who}: every dimension of swizzled must be >= 1, "
                      f"got shape {tuple(swizzled.shape)}")
   if lay.is_rowmajor:

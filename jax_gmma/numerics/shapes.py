@@ -1,19 +1,27 @@
-"""Shape rules for jax-gmma's GEMMs: pure Python, no JAX tracing, no device.
+"""Shape rules for jax-gmma's GEMMs and quantized operands: pure Python, no JAX tracing, no
+device.
 
 Every rule raises ``ValueError`` (or ``TypeError`` for dtypes) naming the argument and the rule,
 so bad input fails at trace time, before anything runs. The result is a printable
 :class:`GemmProblem`: the problem description, kept apart from the tuned kernel config
 (:mod:`jax_gmma.configs`).
+
+Dimensions may be symbolic (``jax.export.symbolic_shape``): the rules compute with them as they
+do with ints, check equalities structurally, and check alignment and size limits on constant
+dimensions only (a symbolic dimension is a positive integer of unknown value).
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Optional, Sequence
 
 import ml_dtypes
 import numpy as np
 
-from .formats import E4M3 as F8E4M3, E5M2 as F8E5M2, F32
+from .._compat import is_symbolic_dim
+from .formats import E4M3 as F8E4M3, E5M2 as F8E5M2, F32, get_format
+from .layouts import ROWMAJOR, get_layout
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F16 = np.dtype(np.float16)
@@ -29,12 +37,60 @@ K_ALIGN = 16
 N_ALIGN = 8
 
 
+def is_constant_dim(d) -> bool:
+  """True for an integer dimension (Python or NumPy int, not bool); False for a symbolic one."""
+  return isinstance(d, (int, np.integer)) and not isinstance(d, (bool, np.bool_))
+
+
+def dims(shape, who: str, name: str, *, min_size: int = 1) -> tuple:
+  """``shape`` as a tuple of dimensions: ints (each >= ``min_size``, normalised to Python int)
+  or symbolic dimensions. ``TypeError`` / ``ValueError`` naming ``who`` and ``name``."""
+  if isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__"):
+    raise TypeError(f"{who}: {name} must be a tuple of ints, got {shape!r}")
+  shape = tuple(shape)
+  out = []
+  for d in shape:
+    if is_constant_dim(d):
+      if d < min_size:
+        raise ValueError(f"{who}: every dimension of {name} must be >= {min_size}, got "
+                         f"{name}={shape}")
+      out.append(int(d))
+    elif is_symbolic_dim(d):
+      out.append(d)
+    else:
+      raise TypeError(f"{who}: {name} must be a tuple of ints, got {shape!r}")
+  return tuple(out)
+
+
+def same_shape(a, b) -> bool:
+  """Whether two shapes are equal (symbolic dimensions: provably equal)."""
+  a, b = tuple(a), tuple(b)
+  return len(a) == len(b) and all(x == y for x, y in zip(a, b))
+
+
+def fmt_shape(shape) -> str:
+  """A shape as the user writes it: ``(4, 64)``, ``(m, 64)``."""
+  shape = tuple(shape)
+  return "(" + ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+def size(shape):
+  """Number of elements (an int, or a symbolic expression)."""
+  return math.prod(tuple(shape))
+
+
 def _name(dt) -> str:
   return np.dtype(dt).name
 
 
 def _is_float(dt) -> bool:
-  """True for numpy and ml_dtypes floating types (bfloat16 and fp8 included)."""
+  """True for numpy and ml_dtypes real floating types (bfloat16 and fp8 included; not complex,
+  which ``ml_dtypes.finfo`` also describes)."""
+  try:
+    if np.issubdtype(np.dtype(dt), np.complexfloating):
+      return False
+  except TypeError:
+    return False
   try:
     ml_dtypes.finfo(np.dtype(dt))
     return True
@@ -74,15 +130,16 @@ def _scale_mode(arg: str, shape: Optional[Sequence[int]], dtype, rows: int, batc
   shape = tuple(shape)
   if dtype is not None and not _is_float(dtype):
     raise TypeError(f"{arg} must be a floating-point array (float32 preferred), got {_name(dtype)}")
-  if shape in ((), (1,)) or (len(shape) >= 1 and int(np.prod(shape)) == 1 and len(shape) <= len(batch) + 2):
+  if shape in ((), (1,)) or (len(shape) >= 1 and all(is_constant_dim(d) for d in shape)
+                             and size(shape) == 1 and len(shape) <= len(batch) + 2):
     return "tensor"
   if arg == "a_scale":
-    full = batch + (rows // max(1, int(np.prod(batch))) if batch else rows,)
-    if shape in (full, full + (1,), (rows,), (rows, 1)):
+    full = batch + (rows // size(batch) if batch else rows,)
+    if any(same_shape(shape, s) for s in (full, full + (1,), (rows,), (rows, 1))):
       return "row"
     raise ValueError(f"a_scale must be a scalar (per-tensor) or have shape {full} or {full + (1,)} "
                      f"(one scale per row of a), got {shape}")
-  if shape in ((rows,), (rows, 1)):
+  if any(same_shape(shape, s) for s in ((rows,), (rows, 1))):
     return vec_name
   raise ValueError(f"b_scale must be a scalar (per-tensor) or have shape ({rows},) or ({rows}, 1) "
                    f"(one scale per row of b, i.e. per output channel), got {shape}")
@@ -92,21 +149,25 @@ def _gemm_dims(a_shape, b_shape) -> tuple:
   """(batch, M, K, N) of a (..., M, K) x (N, K) GEMM, with the rules every kernel family shares:
   no zero-size dims, matching K, K and N aligned for TMA, every dim < 2**31."""
   batch = a_shape[:-2]
-  m = int(np.prod(a_shape[:-1]))
+  m = size(a_shape[:-1])
   k = a_shape[-1]
   n = b_shape[0]
-  if any(d == 0 for d in a_shape) or any(d == 0 for d in b_shape):
+  if any(is_constant_dim(d) and d == 0 for d in a_shape + b_shape):
     raise ValueError(f"zero-size dimensions are not supported: a {a_shape}, b {b_shape}")
-  if b_shape[1] != k:
+  if not b_shape[1] == k:
     raise ValueError(f"contraction mismatch: a.shape[-1] (K={k}) != b.shape[1] ({b_shape[1]}); "
                      "b must be (N, K), K-major")
+  for name, d, what in (("K", k, "a.shape[-1]"), ("N", n, "b.shape[0]")):
+    if not is_constant_dim(d):
+      raise ValueError(f"{name} ({what}) must be a constant dimension (it picks the kernel and "
+                       f"its alignment), got the symbolic {d}")
   if k % K_ALIGN:
     raise ValueError(f"K (a.shape[-1]) must be a multiple of {K_ALIGN} (TMA: 16-byte aligned fp8 rows), "
                      f"got {k}")
   if n % N_ALIGN:
     raise ValueError(f"N (b.shape[0]) must be a multiple of {N_ALIGN} (TMA: 16-byte aligned output rows), "
                      f"got {n}")
-  if max(m, n, k) >= 2**31:
+  if max(d for d in (m, n, k) if is_constant_dim(d)) >= 2**31:
     raise ValueError(f"dimensions must be < 2**31, got M={m} N={n} K={k}")
   return batch, m, k, n
 
@@ -169,7 +230,7 @@ def fp8_gemm_problem(a_shape, a_dtype, b_shape, b_dtype, *, a_scale_shape=None, 
 
 def output_shape(problem: GemmProblem) -> tuple:
   if problem.batch_shape:
-    return problem.batch_shape + (problem.m // int(np.prod(problem.batch_shape)), problem.n)
+    return problem.batch_shape + (problem.m // size(problem.batch_shape), problem.n)
   return (problem.m, problem.n)
 
 
@@ -270,3 +331,76 @@ def fp8_blockwise_problem(a_shape, a_dtype, b_shape, b_dtype, a_scales_shape, a_
   has_bias = _check_bias(bias_shape, bias_dtype, n)
   return BlockwiseProblem(m=m, n=n, k=k, batch_shape=batch, a_dtype=a_dtype, b_dtype=b_dtype,
                           out_dtype=out_dtype, variant=variant, has_bias=has_bias)
+
+
+# -- quantized operands (QuantizedArray, quantize) -----------------------------------------------
+
+#: The quantization kernel (cpp/sm90_fp8_quantize.cu) walks an (M, K) input in 128-element row
+#: segments counted in 32 bits: it runs only when M * ceil(Kp / 128) is at most this (Kp: K padded
+#: to the scale block); larger inputs take the pure-JAX path.
+QUANTIZE_KERNEL_MAX_SEGMENTS = 2**31 - 1
+#: Elements per row segment of the quantization kernel.
+QUANTIZE_KERNEL_SEGMENT = 128
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantizedShapes:
+  """The array shapes of one quantized operand (a :class:`~jax_gmma.QuantizedArray`).
+
+  canonical: the logical shape with the contraction (K) axis moved last, unpadded.
+  data: the stored elements, ``(..., rows, Kp)`` (K zero-padded to whole blocks; per-tensor:
+    the canonical shape).
+  rowmajor_scales: the plain scale matrix (``()`` for per-tensor scales).
+  scales: the scales as stored under the layout (the swizzled atoms for ``"sm100_128x4"``).
+  global_scale: ``()`` for formats with a per-tensor global scale (NVFP4), else None.
+  """
+  canonical: tuple
+  data: tuple
+  rowmajor_scales: tuple
+  scales: tuple
+  global_scale: Optional[tuple]
+
+
+def quantized_shapes(fmt, shape, axis: int = -1, layout=ROWMAJOR, *,
+                     who: str = "jax_gmma.quantize", name: str = "x",
+                     min_size: int = 1) -> QuantizedShapes:
+  """The shapes :func:`jax_gmma.quantize` stores for an array of logical ``shape`` quantized
+  along ``axis`` to format ``fmt`` with scale ``layout``; what :class:`~jax_gmma.QuantizedArray`
+  checks its fields against. Dimensions may be symbolic.
+
+  Raises ``ValueError`` naming ``who`` and ``name`` when the rank does not fit the format
+  (per-tensor formats: at least 1 dimension; the others: at least 2, ``(..., rows, K)``) or
+  ``axis`` is out of range; and, with ``min_size`` (default 1), when a dimension is smaller."""
+  fmt = get_format(fmt)
+  lay = get_layout(layout)
+  shape = dims(shape, who, f"{name}.shape" if name == "x" else name, min_size=min_size)
+  min_ndim = 1 if fmt.kind == "tensor" else 2
+  if len(shape) < min_ndim:
+    what = "1 dimension" if min_ndim == 1 else "2 dimensions (rows, K)"
+    raise ValueError(f"{who}: {name} must have at least {what} for format {fmt.name!r}, got "
+                     f"shape {fmt_shape(shape)}")
+  if isinstance(axis, (bool, np.bool_)) or not isinstance(axis, (int, np.integer)):
+    raise TypeError(f"{who}: axis must be an int, got {axis!r}")
+  if not -len(shape) <= axis < len(shape):
+    what = f"{name} with shape" if name == "x" else name
+    raise ValueError(f"{who}: axis {axis} is out of range for {what} {fmt_shape(shape)}")
+  axis = int(axis) % len(shape)
+  canon = shape[:axis] + shape[axis + 1:] + (shape[axis],)
+  if fmt.kind == "tensor":
+    data, plain = canon, ()
+  else:
+    data = canon[:-1] + (fmt.padded_k(canon[-1]),)
+    plain = fmt.scales_shape(canon)
+  stored = plain if lay.name == ROWMAJOR else lay.stored_shape(plain)
+  return QuantizedShapes(canonical=canon, data=data, rowmajor_scales=plain, scales=stored,
+                         global_scale=() if fmt.has_global_scale else None)
+
+
+def quantize_kernel_fits(m, k, block: int) -> bool:
+  """Whether the quantization kernel can take an (m, k) input with scale block ``block``:
+  constant dimensions and at most :data:`QUANTIZE_KERNEL_MAX_SEGMENTS` row segments (a symbolic
+  dimension cannot be bounded at trace time, so it takes the pure-JAX path)."""
+  if not (is_constant_dim(m) and is_constant_dim(k)):
+    return False
+  kp = _cdiv(int(k), block) * block
+  return int(m) * _cdiv(kp, QUANTIZE_KERNEL_SEGMENT) <= QUANTIZE_KERNEL_MAX_SEGMENTS

@@ -245,19 +245,32 @@ def blockwise_gemm(a, b, a_scales, b_scales, *, bias=None, out_dtype=jnp.bfloat1
   Runs the CUTLASS kernel on Hopper GPUs and the pure-JAX reference elsewhere (on CUDA GPUs
   without a kernel only when allowed, see ``jax_gmma.allow_reference``).
   """
+  return gemm(a, b, a_scales, b_scales, bias=bias, out_dtype=out_dtype, config=config,
+              splits=splits, swizzle=swizzle, raster=raster, caller=("blockwise_gemm", "a", "b"))
+
+
+def gemm(a, b, a_scales, b_scales, *, bias, out_dtype, config, splits, swizzle=None, raster=None,
+         caller):
+  """:func:`blockwise_gemm` for the public function ``caller`` = (name, a argument, b argument):
+  its errors (here and at lowering time) name that function."""
+  who = f"jax_gmma.{caller[0]}"
   a = jnp.asarray(a)
   b = jnp.asarray(b)
   a_scales = jnp.asarray(a_scales)
   b_scales = jnp.asarray(b_scales)
-  out_dtype = np.dtype(jnp.dtype(out_dtype))
+  out_dtype = primitive.out_dtype_or_error(out_dtype, who, shapes.BLOCKWISE_OUT_DTYPES)
   bias_arr = None if bias is None else jnp.asarray(bias)
-  problem = shapes.fp8_blockwise_problem(
-      a.shape, a.dtype, b.shape, b.dtype, a_scales.shape, a_scales.dtype, b_scales.shape,
-      b_scales.dtype, bias_shape=None if bias_arr is None else bias_arr.shape,
+  if bias_arr is not None:
+    primitive.check_float(bias_arr.dtype, who, "bias", what="(N,) vector")
+  problem = primitive.named(
+      who, shapes.fp8_blockwise_problem, a.shape, a.dtype, b.shape, b.dtype, a_scales.shape,
+      a_scales.dtype, b_scales.shape, b_scales.dtype,
+      bias_shape=None if bias_arr is None else bias_arr.shape,
       bias_dtype=None if bias_arr is None else bias_arr.dtype, out_dtype=out_dtype)
-  if config is not None:
-    blockwise_configs.get_config(config, problem.variant)
-  blockwise_configs.check_tile_order(swizzle, raster)
+  cfg = None if config is None else primitive.named(who, blockwise_configs.get_config, config,
+                                                    problem.variant)
+  primitive.check_splits(splits, who, None if cfg is None else cfg.stream_k)
+  primitive.named(who, blockwise_configs.check_tile_order, swizzle, raster)
   # float16 output: the float32 kernel, then one rounding (identical to a float16 epilogue).
   kernel_out = shapes.F32 if out_dtype == shapes.F16 else out_dtype
   a2 = a.reshape(problem.m, problem.k)
@@ -269,7 +282,7 @@ def blockwise_gemm(a, b, a_scales, b_scales, *, bias=None, out_dtype=jnp.bfloat1
     bias_in = jnp.zeros((1,), kernel_out)  # placeholder operand, ignored (has_bias=False)
   out = fp8_blockwise_gemm_p.bind(a2, b, sa, sb, bias_in, out_dtype=kernel_out, variant=problem.variant,
                                   has_bias=bias_arr is not None, config=config, splits=splits,
-                                  swizzle=swizzle, raster=raster)
+                                  swizzle=swizzle, raster=raster, **{primitive.CALLER: tuple(caller)})
   if kernel_out != out_dtype:
     out = out.astype(out_dtype)
   return out.reshape(shapes.output_shape(problem))
@@ -282,25 +295,44 @@ def serves(w) -> bool:
   return isinstance(w, QuantizedArray) and w.format.name in WEIGHT_FORMATS
 
 
-def dot(x, w: QuantizedArray, *, bias, out_dtype, config, splits, **_):
-  """``jax_gmma.dot`` for fp8_128x128 / fp8_1x128 weights: x is quantized per token and 128 of K
-  (fp8_1x128, float8_e4m3fn) and multiplied by the block-scaled GEMM. Stored data of both
-  operands is K-padded to a multiple of 128 with zeros, so the padding adds nothing."""
-  if w.data.ndim != 2:
-    raise ValueError(f"w must be a 2-D (N, K) weight, got data shape {w.data.shape}")
+#: ``x_format`` values dot accepts with these weights: the activation is always quantized to
+#: fp8_1x128 (the tensorwise family's names, dot's default among them, do not apply here).
+X_FORMATS = ("fp8_channel", "fp8_tensor", "fp8_1x128")
+
+
+def dot(x, w: QuantizedArray, *, bias, out_dtype, config, splits, x_format="fp8_1x128",
+        who: str = "jax_gmma.dot", **_):
+  """``jax_gmma.dot`` for fp8_128x128 / fp8_1x128 weights: x (M, K) is quantized per token and
+  128 of K (fp8_1x128, float8_e4m3fn) and multiplied by the block-scaled GEMM. Stored data of
+  both operands is K-padded to a multiple of 128 with zeros, so the padding adds nothing.
+  ``jax_gmma.dot`` has checked w's fields, x's dtype and K, bias and out_dtype."""
+  n, k = w.canonical_shape
+  if x_format not in X_FORMATS:
+    raise ValueError(f"{who}: x_format must be one of {X_FORMATS} for a {w.format.name} weight (x is "
+                     f"quantized to fp8_1x128 either way), got {x_format!r}")
+  if np.dtype(w.dtype) != shapes.F8E4M3:
+    raise TypeError(f"{who}: w must have float8_e4m3fn elements (the block-scaled kernels are e4m3 x "
+                    f"e4m3), got {np.dtype(w.dtype).name}")
+  if n % shapes.N_ALIGN:
+    raise ValueError(f"{who}: N (w's rows) must be a multiple of {shapes.N_ALIGN} for {w.format.name} "
+                     f"weights (16-byte aligned output rows), got {n}")
   if isinstance(x, QuantizedArray):
     if x.format.name != "fp8_1x128":
-      raise ValueError(f"x: format {x.format.name!r} cannot multiply a {w.format.name} weight; "
-                       "use fp8_1x128 (or pass a float x)")
-    x_data, x_scales, x_k = x.data, x.scales, x.k
+      raise ValueError(f"{who}: x has format {x.format.name!r}, which cannot multiply a "
+                       f"{w.format.name} weight; use fp8_1x128 (or pass a float x)")
+    if np.dtype(x.dtype) != shapes.F8E4M3:
+      raise TypeError(f"{who}: x must have float8_e4m3fn elements (the block-scaled kernels are e4m3 "
+                      f"x e4m3), got {np.dtype(x.dtype).name}")
+    lead = x.canonical_shape[:-1]
+    rows = int(np.prod(lead, dtype=np.int64))
+    x_data = x.data.reshape(rows, x.data.shape[-1])
+    x_scales = x.scales.reshape(rows, x.scales.shape[-1])
     default_out = shapes.BF16
   else:
-    x = jnp.asarray(x)
+    lead = x.shape[:-1]
     default_out = np.dtype(x.dtype) if np.dtype(x.dtype) in shapes.OUT_DTYPES else shapes.BF16
     x_data, x_scales, _ = quantize.quantize_parts(x, "fp8_1x128", dtype=jnp.float8_e4m3fn)
-    x_k = x.shape[-1]
-  if x_k != w.k:
-    raise ValueError(f"contraction mismatch: x has K={x_k}, w has K={w.k}")
   out_dtype = default_out if out_dtype is None else out_dtype
-  return blockwise_gemm(x_data, w.data, x_scales, w.scales, bias=bias, out_dtype=out_dtype,
-                        config=config, splits=splits)
+  out = gemm(x_data, w.data, x_scales, w.scales, bias=bias, out_dtype=out_dtype, config=config,
+             splits=splits, caller=(who[len("jax_gmma."):], "x", "w"))
+  return out.reshape(*lead, n)

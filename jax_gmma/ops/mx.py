@@ -66,8 +66,8 @@ from jax import lax
 from jax.interpreters import mlir
 
 from .. import _backend, _vma, batching, primitive, sharding
-from ..arrays import QuantizedArray, dequantize
-from ..numerics import codec, formats as _formats, layouts as _layouts
+from ..arrays import QuantizedArray, dequantize, to_layout
+from ..numerics import codec, formats as _formats, layouts as _layouts, shapes
 from . import quantize
 
 MX_GEMM_TARGET = _backend.MX_GEMM_TARGET
@@ -176,11 +176,13 @@ def _out_align(out_dtype) -> int:
   return 8 if np.dtype(out_dtype) == BF16 else 4
 
 
-def mx_problem(a_q, b_q, *, out_dtype=BF16, bias_shape=None, bias_dtype=None) -> MxProblem:
+def mx_problem(a_q, b_q, *, out_dtype=BF16, bias_shape=None, bias_dtype=None,
+               caller=("mx_gemm", "a_q", "b_q")) -> MxProblem:
   """Checks two QuantizedArrays for mx_gemm; every violation raises TypeError/ValueError
-  naming the argument and the rule (device independent: the same on CPU and GPU)."""
-  who = "mx_gemm"
-  for name, q in (("a_q", a_q), ("b_q", b_q)):
+  naming the function the user called and its argument (``caller`` = (function, a argument,
+  b argument)), and the rule (device independent: the same on CPU and GPU)."""
+  who, an, bn = f"jax_gmma.{caller[0]}", caller[1], caller[2]
+  for name, q in ((an, a_q), (bn, b_q)):
     if not isinstance(q, QuantizedArray):
       raise TypeError(f"{who}: {name} must be a jax_gmma.QuantizedArray, got {type(q).__name__}")
     if q.format.name not in MX_FORMATS:
@@ -190,20 +192,22 @@ def mx_problem(a_q, b_q, *, out_dtype=BF16, bias_shape=None, bias_dtype=None) ->
       raise ValueError(f"{who}: {name} scales are in layout {q.layout!r}; the kernels read the "
                        f"swizzled {SCALE_LAYOUT!r} layout: quantize(x, {q.format.name!r}, "
                        f"layout={SCALE_LAYOUT!r}) once (or jax_gmma.arrays.to_layout(q, "
-                       f"{SCALE_LAYOUT!r}))")
+                       f"{SCALE_LAYOUT!r}); jax_gmma.dot converts a row-major weight itself)")
   fa, fb = a_q.format.name, b_q.format.name
   if (fa == "nvfp4") != (fb == "nvfp4"):
-    raise ValueError(f"{who}: a_q ({fa}) and b_q ({fb}) must share the scale block: nvfp4 (E4M3 per "
-                     "16) pairs only with nvfp4, the MX formats (E8M0 per 32) with each other")
+    raise ValueError(f"{who}: {an} ({fa}) and {bn} ({fb}) must share the scale block: nvfp4 (E4M3 "
+                     "per 16) pairs only with nvfp4, the MX formats (E8M0 per 32) with each other")
   if len(b_q.canonical_shape) != 2:
-    raise ValueError(f"{who}: b_q must be a 2-D (N, K) operand, got shape {b_q.shape}")
+    raise ValueError(f"{who}: {bn} must be a 2-D (N, K) operand, got shape {b_q.shape}")
   n, kb_logical = b_q.canonical_shape
+  if len(a_q.canonical_shape) < 2:
+    raise ValueError(f"{who}: {an} must be an (..., M, K) operand, got shape {a_q.shape}")
   *batch, m_rows, k_logical = a_q.canonical_shape
   batch = tuple(batch)
   if k_logical != kb_logical:
-    raise ValueError(f"{who}: contraction mismatch: a_q has K={k_logical}, b_q has K={kb_logical}")
-  if batch and m_rows % 128:
-    raise ValueError(f"{who}: a_q with leading dims {batch} needs rows (M per batch entry = {m_rows}) "
+    raise ValueError(f"{who}: contraction mismatch: {an} has K={k_logical}, {bn} has K={kb_logical}")
+  if batch and shapes.is_constant_dim(m_rows) and m_rows % 128:
+    raise ValueError(f"{who}: {an} with leading dims {batch} needs rows (M per batch entry = {m_rows}) "
                      "to be a multiple of 128 (its swizzled scales are per batch entry); reshape x to "
                      "(M, K) before quantizing")
   k = a_q.padded_k
@@ -211,19 +215,20 @@ def mx_problem(a_q, b_q, *, out_dtype=BF16, bias_shape=None, bias_dtype=None) ->
   if k % align:
     raise ValueError(f"{who}: K={k} (block-padded) must be a multiple of {align} for {fa} x {fb} "
                      "(16-byte rows; FP4/FP6 mixed with FP8 or MXFP6: 128 elements)")
-  out_dtype = np.dtype(jnp.dtype(out_dtype))
-  if out_dtype not in OUT_DTYPES:
-    raise TypeError(f"{who}: out_dtype must be bfloat16, float16 or float32, got {out_dtype.name}")
+  out_dtype = primitive.out_dtype_or_error(out_dtype, who, OUT_DTYPES)
   if n % _out_align(out_dtype):
-    raise ValueError(f"{who}: N={n} must be a multiple of {_out_align(out_dtype)} for {out_dtype.name} "
-                     "output (16-byte output rows)")
+    raise ValueError(f"{who}: N={n} must be a multiple of {_out_align(out_dtype)} for "
+                     f"{out_dtype.name} output ({bn}'s rows; 16-byte output rows)")
   if bias_shape is not None:
+    if bias_dtype is not None:
+      primitive.check_float(bias_dtype, who, "bias", what="(N,) vector")
     if tuple(bias_shape) != (n,):
       raise ValueError(f"{who}: bias must have shape (N,) = ({n},), got {tuple(bias_shape)}")
-    if bias_dtype is not None and not jnp.issubdtype(np.dtype(bias_dtype), jnp.floating):
-      raise TypeError(f"{who}: bias must be floating point, got {np.dtype(bias_dtype).name}")
-  m = int(np.prod(batch, dtype=np.int64)) * m_rows if batch else m_rows
-  return MxProblem(m=int(m), n=int(n), k=int(k), batch_shape=batch, a_format=fa, b_format=fb,
+  m = shapes.size(batch) * m_rows if batch else m_rows
+  if max(d for d in (m, n, k) if shapes.is_constant_dim(d)) >= 2**31:
+    raise ValueError(f"{who}: dimensions must be < 2**31, got M={m} N={n} K={k}")
+  m = int(m) if shapes.is_constant_dim(m) else m  # symbolic under jax.export
+  return MxProblem(m=m, n=int(n), k=int(k), batch_shape=batch, a_format=fa, b_format=fb,
                    a_dtype=a_q.dtype, b_dtype=b_q.dtype, out_dtype=out_dtype,
                    has_bias=bias_shape is not None)
 
@@ -447,9 +452,14 @@ def unavailable_reason(problem: MxProblem, cc: Optional[str], device_kind: str =
   return None
 
 
-def refusal_reason(problem: MxProblem, arch, why: str) -> str:
-  """What the KernelUnavailable error of ``problem`` says is missing (after "jax_gmma.mx_gemm: ")."""
-  return f"format {problem.a_format} x {problem.b_format} on {arch or 'this GPU'}: {why}"
+def refusal_reason(problem: MxProblem, arch, why: str, caller=("mx_gemm", "a_q", "b_q")) -> str:
+  """What the KernelUnavailable error of ``problem`` says is missing (after "jax_gmma.<the
+  function called>: "), naming the operands as that function calls them."""
+  fn, an, bn = caller
+  where = f"format {problem.a_format} x {problem.b_format} on {arch or 'this GPU'}"
+  if fn != "mx_gemm":
+    where += f" ({an} in {problem.a_format}, weight {bn} in {problem.b_format}; {fn} runs mx_gemm)"
+  return f"{where}: {why}"
 
 
 def plan(problem: MxProblem, arch: str, sm_count: int, config: Optional[str] = None):
@@ -478,7 +488,8 @@ def _kernel_missing(ctx, params):
     return None  # the exact bf16 path runs everywhere
   why = unavailable_reason(problem, cc, getattr(dev, "device_kind", "")) if dev is not None \
       else (None, "no CUDA device")
-  return None if why is None else refusal_reason(problem, *why)
+  caller = primitive.caller_of(params, ("mx_gemm", "a_q", "b_q"))
+  return None if why is None else refusal_reason(problem, *why, caller=caller)
 
 
 def _kernel(ctx, *args, problem, config, path, **params):
@@ -563,12 +574,26 @@ def mx_gemm(a_q: QuantizedArray, b_q: QuantizedArray, *, bias=None, out_dtype=jn
   (sm_90a) MXFP8 x MXFP8 with float8_e4m3fn elements runs jax-gmma's own kernel (see the module
   docstring for how the scales are applied).
   """
+  return gemm(a_q, b_q, bias=bias, out_dtype=out_dtype, config=config, path=path,
+              caller=("mx_gemm", "a_q", "b_q"))
+
+
+def gemm(a_q, b_q, *, bias, out_dtype, config, path=None, caller):
+  """:func:`mx_gemm` for the public function ``caller`` = (name, a argument, b argument): its
+  errors (here and at lowering time) name that function and its arguments."""
+  who = f"jax_gmma.{caller[0]}"
   if path is not None and path not in PATHS:
-    raise ValueError(f"mx_gemm: path must be one of {PATHS} or None (automatic), got {path!r}")
+    raise ValueError(f"{who}: path must be one of {PATHS} or None (automatic), got {path!r}")
+  if config is not None and (not isinstance(config, str) or
+                             not any(config in names for arch in KERNELS.values()
+                                     for names in arch.values())):
+    known = sorted({c for arch in KERNELS.values() for names in arch.values() for c in names})
+    raise ValueError(f"{who}: config must be None or an MX kernel config name ({', '.join(known)}), "
+                     f"got {config!r}")
   bias_arr = None if bias is None else jnp.asarray(bias)
   problem = mx_problem(a_q, b_q, out_dtype=out_dtype,
                        bias_shape=None if bias_arr is None else bias_arr.shape,
-                       bias_dtype=None if bias_arr is None else bias_arr.dtype)
+                       bias_dtype=None if bias_arr is None else bias_arr.dtype, caller=caller)
   out_dtype = problem.out_dtype
   kernel_out = F32 if out_dtype == F16 else out_dtype
   a = pack_data(a_q, problem.m)
@@ -586,7 +611,7 @@ def mx_gemm(a_q: QuantizedArray, b_q: QuantizedArray, *, bias=None, out_dtype=jn
                        k=problem.k, a_dtype=problem.a_dtype, b_dtype=problem.b_dtype,
                        sf_vec=problem.sf_vec, out_dtype=kernel_out, has_bias=problem.has_bias,
                        has_global=problem.has_global, problem=problem, config=config,
-                       path=path)
+                       path=path, **{primitive.CALLER: tuple(caller)})
   if kernel_out != out_dtype:
     out = out.astype(out_dtype)
   return out.reshape(*problem.batch_shape, -1, problem.n) if problem.batch_shape else out
@@ -644,24 +669,33 @@ def serves(w) -> bool:
   return isinstance(w, QuantizedArray) and w.format.name in WEIGHT_FORMATS
 
 
-def dot(x, w: QuantizedArray, *, bias, out_dtype, x_format, config, **_):
-  """``jax_gmma.dot`` for MX / NVFP4 weights: a float x (..., K) is flattened to (M, K) and
-  quantized to w's format (``x_format="fp8_channel"``, the default, means "match w"; "mxfp8"
-  gives MXFP8 activations for any MX weight) with scales in the swizzled layout, then
-  :func:`mx_gemm`."""
+def dot(x, w: QuantizedArray, *, bias, out_dtype, x_format, config, splits=None,
+        who: str = "jax_gmma.dot", **_):
+  """``jax_gmma.dot`` for MX / NVFP4 weights: a float x (M, K) is quantized to w's format
+  (``x_format="fp8_channel"``, the default, means "match w"; "mxfp8" gives MXFP8 activations
+  for any MX weight) with scales in the swizzled layout, then :func:`mx_gemm`'s GEMM. A weight
+  (or a QuantizedArray x) with row-major scales is converted to the kernels' layout here
+  (``to_layout``: a small XLA op on the scales, 1/32 of the weight's bytes, in every call;
+  ``quantize(w, fmt, layout="sm100_128x4")`` stores it once). ``jax_gmma.dot`` has checked w's
+  fields, x's dtype and K, bias and out_dtype."""
+  if splits is not None:
+    raise ValueError(f"{who}: splits applies to FP8 / block-scaled FP8 weights; {w.format.name} "
+                     f"weights run mx_gemm, which has no K split (pass splits=None), got {splits!r}")
+  caller = (who[len("jax_gmma."):], "x", "w")
+  w = to_layout(w, SCALE_LAYOUT)
   if isinstance(x, QuantizedArray):
-    return mx_gemm(x, w, bias=bias, out_dtype=BF16 if out_dtype is None else out_dtype,
-                   config=config)
-  x = jnp.asarray(x)
+    x = to_layout(x, SCALE_LAYOUT) if x.format.name in MX_FORMATS else x
+    return gemm(x, w, bias=bias, out_dtype=BF16 if out_dtype is None else out_dtype, config=config,
+                caller=caller)
   fmt = w.format.name if x_format == "fp8_channel" else x_format
   if fmt not in WEIGHT_FORMATS:
-    raise ValueError(f"x_format must be one of {WEIGHT_FORMATS} for a {w.format.name} weight, "
+    raise ValueError(f"{who}: x_format must be one of {WEIGHT_FORMATS} for a {w.format.name} weight, "
                      f"got {x_format!r}")
   if x.ndim < 1 or x.shape[-1] != w.k:
-    raise ValueError(f"contraction mismatch: x has shape {x.shape}, w has K={w.k}")
+    raise ValueError(f"{who}: contraction mismatch: x has shape {x.shape}, w has K={w.k}")
   default_out = np.dtype(x.dtype) if np.dtype(x.dtype) in OUT_DTYPES else BF16
   lead = x.shape[:-1]
   xq = quantize.quantize(x.reshape(-1, x.shape[-1]), fmt, layout=SCALE_LAYOUT)
-  out = mx_gemm(xq, w, bias=bias, out_dtype=default_out if out_dtype is None else out_dtype,
-                config=config)
+  out = gemm(xq, w, bias=bias, out_dtype=default_out if out_dtype is None else out_dtype,
+             config=config, caller=caller)
   return out.reshape(*lead, out.shape[-1])

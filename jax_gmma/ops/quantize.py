@@ -121,7 +121,7 @@ from jax.interpreters import ad
 from .. import _backend, _vma, primitive, sharding
 from ..arrays import (LAYOUT_ROWMAJOR, QuantizedArray, check_layout_format, dequantize,
                       layout_or_error, rowmajor_scales)
-from ..numerics import codec, formats, layouts
+from ..numerics import codec, formats, layouts, shapes
 from ..numerics.codec import jax_supports_dtype, round_to_dtype, storage_dtype, unpack_fp4, unpack_fp6
 from ..numerics.formats import Format, get_format
 from ..numerics.scaling import quantize_blocks, scaled_matmul_inputs
@@ -256,11 +256,18 @@ fp8_quantize_p = FP8_QUANTIZE.p
 
 # -- entry points -----------------------------------------------------------------------------
 
-def applies(fmt: str, dtype, x_dtype, axis: int, ndim: int) -> bool:
+def applies(fmt: str, dtype, x_dtype, axis: int, ndim: int, shape=None) -> bool:
   """Whether quantize(x, fmt, dtype=dtype, axis=axis) can go through this primitive: a kernel
-  format with float8_e4m3fn elements, K the last axis, a bfloat16/float16/float32 input."""
-  return (fmt in KERNEL_FORMATS and np.dtype(dtype) == _E4M3 and ndim >= 2
-          and axis % ndim == ndim - 1 and np.dtype(x_dtype) in INPUT_DTYPES)
+  format with float8_e4m3fn elements, K the last axis, a bfloat16/float16/float32 input, and
+  (given ``shape``) constant dimensions within the kernel's 32-bit segment count
+  (:func:`jax_gmma.numerics.shapes.quantize_kernel_fits`)."""
+  if not (fmt in KERNEL_FORMATS and np.dtype(dtype) == _E4M3 and ndim >= 2
+          and axis % ndim == ndim - 1 and np.dtype(x_dtype) in INPUT_DTYPES):
+    return False
+  if shape is None:
+    return True
+  return shapes.quantize_kernel_fits(shapes.size(tuple(shape)[:-1]), tuple(shape)[-1],
+                                     KERNEL_FORMATS[fmt])
 
 
 def quantize_rows(x, fmt: str = "fp8_1x128", *, div_mode: str = None, layout: str = "rowmajor"):
@@ -296,7 +303,7 @@ def _bind_rows(x, fmt, div_mode, layout):
   if x.ndim == 2:
     return tuple(fp8_quantize_p.bind(x, fmt=fmt, div_mode=div_mode, layout=layout))
   *lead, k = x.shape
-  m = int(np.prod(lead))
+  m = shapes.size(lead)
   data, scales = fp8_quantize_p.bind(x.reshape(m, k), fmt=fmt, div_mode=div_mode,
                                      layout="rowmajor")
   scales = scales.reshape(*lead, scales.shape[-1])
@@ -314,7 +321,7 @@ def _resolve_format(format, who: str) -> Format:
   try:
     return get_format(format)
   except ValueError as e:
-    raise ValueError(f"{who}: {e}") from None
+    raise ValueError(f"{who}: format: {str(e).replace('get_format: ', '')}") from None
 
 
 def _check_float_array(x, who: str, name: str = "x") -> jax.Array:
@@ -369,7 +376,7 @@ def quantize(x, format="fp8_tensor", *, dtype=None, axis: int = -1,
   ``use_kernel`` are static).
   """
   x, fmt, dt, axis, lay, data, scales, global_scale = _quantize(x, format, dtype, axis, layout,
-                                                                use_kernel)
+                                                                use_kernel, "jax_gmma.quantize")
   return QuantizedArray(data, scales, global_scale, format=fmt, shape=tuple(x.shape), axis=axis,
                         dtype=dt, layout=lay.name)
 
@@ -378,11 +385,11 @@ def quantize_parts(x, format="fp8_tensor", *, dtype=None, axis: int = -1,
                    layout: str = LAYOUT_ROWMAJOR, use_kernel: bool = True):
   """``(data, scales, global_scale)`` of :func:`quantize` (same checks, same values) without
   the QuantizedArray around them: what a GEMM consumes."""
-  return _quantize(x, format, dtype, axis, layout, use_kernel)[5:]
+  return _quantize(x, format, dtype, axis, layout, use_kernel,
+                   "jax_gmma.ops.quantize.quantize_parts")[5:]
 
 
-def _quantize(x, format, dtype, axis, layout, use_kernel):
-  who = "quantize"
+def _quantize(x, format, dtype, axis, layout, use_kernel, who):
   fmt = _resolve_format(format, who)
   dt = fmt.check_dtype(dtype, who)
   lay = layout_or_error(layout, who)
@@ -392,27 +399,18 @@ def _quantize(x, format, dtype, axis, layout, use_kernel):
   except TypeError as e:
     raise TypeError(f"{who}: format {fmt.name!r}: {e}") from None
   x = _check_float_array(x, who)
-
-  min_ndim = 1 if fmt.kind == "tensor" else 2
-  if x.ndim < min_ndim:
-    what = "1 dimension" if min_ndim == 1 else "2 dimensions (rows, K)"
-    raise ValueError(f"{who}: x must have at least {what} for format "
-                     f"{fmt.name!r}, got shape {tuple(x.shape)}")
-  if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):
-    raise TypeError(f"{who}: axis must be an int, got {axis!r}")
-  if not -x.ndim <= axis < x.ndim:
-    raise ValueError(f"{who}: axis {axis} is out of range for x with "
-                     f"shape {tuple(x.shape)}")
+  # The one rule for the stored shapes (QuantizedArray checks its fields against it too):
+  # rank, axis, data (..., rows, Kp) and scales.
+  sh = shapes.quantized_shapes(fmt, x.shape, axis, lay, who=who, name="x", min_size=0)
   axis = int(axis) % x.ndim
-  if x.shape[axis] < 1:
+  if shapes.is_constant_dim(x.shape[axis]) and x.shape[axis] < 1:
     raise ValueError(f"{who}: K (x.shape[{axis}]) must be >= 1, got shape "
-                     f"{tuple(x.shape)}")
-  if x.size == 0:
-    raise ValueError(f"{who}: x must be non-empty, got shape "
-                     f"{tuple(x.shape)}")
+                     f"{shapes.fmt_shape(x.shape)}")
+  if any(shapes.is_constant_dim(d) and d == 0 for d in x.shape):
+    raise ValueError(f"{who}: x must be non-empty, got shape {shapes.fmt_shape(x.shape)}")
 
   kernel_layout = LAYOUT_ROWMAJOR
-  if use_kernel and applies(fmt.name, dt, x.dtype, axis, x.ndim):
+  if use_kernel and applies(fmt.name, dt, x.dtype, axis, x.ndim, x.shape):
     # The kernel's primitive (pure-JAX lowering off Hopper): same data/scales. MXFP8's
     # swizzled scales come out of the kernel directly (no XLA transpose after it).
     if lay.name in SCALE_LAYOUTS and fmt.name == "mxfp8":
@@ -423,6 +421,8 @@ def _quantize(x, format, dtype, axis, layout, use_kernel):
     data, scales, global_scale = quantize_blocks(x, fmt.name, dt.name, axis)
   if lay.name != kernel_layout:
     scales = layouts.swizzle_scales(scales, lay)
+  assert shapes.same_shape(data.shape, sh.data) and shapes.same_shape(scales.shape, sh.scales), \
+    (fmt.name, lay.name, data.shape, scales.shape, sh)
   return x, fmt, dt, axis, lay, data, scales, global_scale
 
 

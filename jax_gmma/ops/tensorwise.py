@@ -156,32 +156,49 @@ def fp8_gemm(a, b, a_scale=None, b_scale=None, *, bias=None, out_dtype=jnp.bfloa
       broadcast per 128-K block (same arithmetic; a config of the CUDA lowering, decided by
       :func:`two_level_route`, see :func:`plan`).
     config, splits: force a kernel config (see ``jax_gmma.configs``, the module
-      ``jax_gmma.ops.tensorwise_configs``) and K split count.
+      ``jax_gmma.ops.tensorwise_configs``) and K split count (an int >= 0; 1 unless the config
+      is stream-K).
     swizzle, raster: force the tile order of the kernel's scheduler (``configs.SWIZZLES``:
       tiles taken in groups of 1, 2, 4 or 8; ``configs.RASTERS``: "auto", "m" or "n"); None =
       the heuristic's (``configs.select_tile_order``). Same results, different speed.
 
   Scales are the *dequantization* scales: a_real = a * a_scale. Runs the CUTLASS kernel on
   Hopper GPUs and the pure-JAX reference elsewhere (on CUDA GPUs without a kernel only when
-  allowed, see ``jax_gmma.allow_reference``).
+  allowed, see ``jax_gmma.allow_reference``). Integer, bool or complex scales / bias and a
+  non-float ``out_dtype`` are refused; zero-size dimensions are refused (shape rules).
   """
+  return gemm(a, b, a_scale, b_scale, bias=bias, out_dtype=out_dtype, fast_accum=fast_accum,
+              config=config, splits=splits, swizzle=swizzle, raster=raster,
+              caller=("fp8_gemm", "a", "b"))
+
+
+def gemm(a, b, a_scale=None, b_scale=None, *, bias, out_dtype, fast_accum, config, splits,
+         swizzle=None, raster=None, caller):
+  """:func:`fp8_gemm` for the public function ``caller`` = (name, a argument, b argument): its
+  errors (here and at lowering time) name that function."""
+  who = f"jax_gmma.{caller[0]}"
   a = jnp.asarray(a)
   b = jnp.asarray(b)
-  out_dtype = np.dtype(jnp.dtype(out_dtype))
+  out_dtype = primitive.out_dtype_or_error(out_dtype, who)
   a_scale_arr = None if a_scale is None else jnp.asarray(a_scale)
   b_scale_arr = None if b_scale is None else jnp.asarray(b_scale)
+  for name, v in (("a_scale", a_scale_arr), ("b_scale", b_scale_arr)):
+    if v is not None:
+      primitive.check_float(v.dtype, who, name)
   bias_arr = None if bias is None else jnp.asarray(bias)
-  problem = shapes.fp8_gemm_problem(
-      a.shape, a.dtype, b.shape, b.dtype,
+  if bias_arr is not None:
+    primitive.check_float(bias_arr.dtype, who, "bias", what="(N,) vector")
+  problem = primitive.named(
+      who, shapes.fp8_gemm_problem, a.shape, a.dtype, b.shape, b.dtype,
       a_scale_shape=None if a_scale_arr is None else a_scale_arr.shape,
       a_scale_dtype=None if a_scale_arr is None else a_scale_arr.dtype,
       b_scale_shape=None if b_scale_arr is None else b_scale_arr.shape,
       b_scale_dtype=None if b_scale_arr is None else b_scale_arr.dtype,
       bias_shape=None if bias_arr is None else bias_arr.shape,
       bias_dtype=None if bias_arr is None else bias_arr.dtype, out_dtype=out_dtype)
-  if config is not None:
-    configs.get_config(config)
-  configs.check_tile_order(swizzle, raster)
+  cfg = None if config is None else primitive.named(who, configs.get_config, config)
+  primitive.check_splits(splits, who, None if cfg is None else cfg.stream_k)
+  primitive.named(who, configs.check_tile_order, swizzle, raster)
   a2 = a.reshape(problem.m, problem.k)
   sa = _as_scale(a_scale_arr)
   sb = _as_scale(b_scale_arr)
@@ -193,7 +210,8 @@ def fp8_gemm(a, b, a_scale=None, b_scale=None, *, bias=None, out_dtype=jnp.bfloa
     bias_in = sb  # placeholder operand, ignored (has_bias=False)
   out = fp8_gemm_p.bind(a2, b, sa, sb, bias_in, out_dtype=out_dtype, has_bias=bias_arr is not None,
                         fast_accum=bool(fast_accum), config=config, splits=splits,
-                        swizzle=None if swizzle is None else int(swizzle), raster=raster)
+                        swizzle=None if swizzle is None else int(swizzle), raster=raster,
+                        **{primitive.CALLER: tuple(caller)})
   return out.reshape(shapes.output_shape(problem))
 
 
@@ -204,23 +222,40 @@ def serves(w) -> bool:
   return isinstance(w, QuantizedArray) and w.format.name in WEIGHT_FORMATS
 
 
-def dot(x, w: QuantizedArray, *, bias, out_dtype, x_format, fast_accum, config, splits, **_):
-  """``jax_gmma.dot`` for fp8_tensor / fp8_channel weights: a float x is quantized to FP8 e4m3
-  with ``x_format`` (one scale per token or per tensor), then :func:`fp8_gemm`."""
-  if w.data.ndim != 2:
-    raise ValueError(f"w must be a 2-D (N, K) weight, got data shape {w.data.shape}")
+def dot(x, w: QuantizedArray, *, bias, out_dtype, x_format, fast_accum, config, splits,
+        who: str = "jax_gmma.dot", **_):
+  """``jax_gmma.dot`` for fp8_tensor / fp8_channel weights: a float x (M, K) is quantized to FP8
+  e4m3 with ``x_format`` (one scale per token or per tensor), then the FP8 GEMM. ``jax_gmma.dot``
+  has checked w's fields, x's dtype and K, bias and out_dtype; this checks what the family
+  adds (e4m3 weight elements, K a multiple of 16, N of 8), naming ``who``'s arguments x and w."""
+  n, k = w.canonical_shape
+  if np.dtype(w.dtype) != shapes.F8E4M3:
+    raise TypeError(f"{who}: w must have float8_e4m3fn elements (the FP8 kernels take e4m3 weights), "
+                    f"got {np.dtype(w.dtype).name}; quantize(w, {w.format.name!r}) with the default dtype")
+  if k % shapes.K_ALIGN:
+    raise ValueError(f"{who}: K (w's contraction length, x.shape[-1]) must be a multiple of "
+                     f"{shapes.K_ALIGN} for {w.format.name} weights (16-byte aligned fp8 rows), got {k}")
+  if n % shapes.N_ALIGN:
+    raise ValueError(f"{who}: N (w's rows) must be a multiple of {shapes.N_ALIGN} for {w.format.name} "
+                     f"weights (16-byte aligned output rows), got {n}")
   if isinstance(x, QuantizedArray):
     if x.format.name not in WEIGHT_FORMATS:
-      raise ValueError(f"x: format {x.format.name!r} is not supported by dot; use one of "
-                       f"{', '.join(ACTIVATION_FORMATS)}")
-    x_data, x_scales = x.data, x.scales
+      raise ValueError(f"{who}: x has format {x.format.name!r}, which cannot multiply a "
+                       f"{w.format.name} weight; use one of {', '.join(ACTIVATION_FORMATS)} (or pass a "
+                       "float x)")
+    lead = x.canonical_shape[:-1]
+    rows = int(np.prod(lead, dtype=np.int64))
+    x_data = x.data.reshape(rows, x.data.shape[-1])
+    x_scales = x.scales if x.format.name == "fp8_tensor" else x.scales.reshape(rows)
     default_out = shapes.BF16
   else:
-    x = jnp.asarray(x)
     if x_format not in ACTIVATION_FORMATS:
-      raise ValueError(f"x_format must be one of {ACTIVATION_FORMATS}, got {x_format!r}")
+      raise ValueError(f"{who}: x_format must be one of {ACTIVATION_FORMATS} for a {w.format.name} "
+                       f"weight, got {x_format!r}")
+    lead = x.shape[:-1]
     default_out = np.dtype(x.dtype) if np.dtype(x.dtype) in shapes.OUT_DTYPES else shapes.BF16
     x_data, x_scales, _ = quantize.quantize_parts(x, x_format, dtype=jnp.float8_e4m3fn)
   out_dtype = default_out if out_dtype is None else out_dtype
-  return fp8_gemm(x_data, w.data, x_scales, w.scales, bias=bias, out_dtype=out_dtype,
-                  fast_accum=fast_accum, config=config, splits=splits)
+  out = gemm(x_data, w.data, x_scales, w.scales, bias=bias, out_dtype=out_dtype,
+             fast_accum=fast_accum, config=config, splits=splits, caller=(who[len("jax_gmma."):], "x", "w"))
+  return out.reshape(*lead, n)

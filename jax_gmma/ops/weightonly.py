@@ -39,7 +39,8 @@ Use::
   scales 2^-115 .. 2^11; 139 = Inf marks a poisoned block).
   An all-zero MX block has code 0 whatever its E8M0 scale was (its row's largest code then
   comes from blocks that hold weights: :func:`row_exponents`).
-* ``global_scale`` float32 ``(1,)``: NVFP4's per-tensor scale (1.0 for MXFP4).
+* ``global_scale`` float32 ``(1,)``: NVFP4's per-tensor scale; for MX weights a power of two
+  ``2^G`` (usually 1) that keeps every block scale code within the kernel's exact range (below).
 
 Block scales are applied exactly: the e2m1 value times its scale has at most 6 significant
 bits, so the bf16 product is exact; the dot product accumulates in float32 (mma.sync).
@@ -67,8 +68,20 @@ lanes and element order as FP4, but 768 bytes per 16 x 64 tile (0.75 byte per we
   multiplier is ``bits(F) = 128 (c + 116)`` (e2m3, F = scale * 2^116, valid c <= 138, 139 = Inf
   marks a poisoned block) or ``128 (c + 114)`` (e3m2, F = scale * 2^114, valid c <= 140, 141 =
   Inf). Products value * scale * 2^-10 have at most 4 (3) significant bits: exact for scales
-  2^-120 .. 2^11 (e2m3) and 2^-119 .. 2^13 (e3m2); prepare() refuses larger scales.
-* ``global_scale`` float32 ``(1,)``: 1.0.
+  2^-120 .. 2^11 (e2m3) and 2^-119 .. 2^13 (e3m2).
+* ``global_scale`` float32 ``(1,)``: as for MXFP4.
+
+**The exact range of MX block scales** (:data:`MX_CODE_RANGE`: E8M0 codes 12 .. 138 for MXFP4,
+7 .. 138 for e2m3, 8 .. 140 for e3m2, the scales whose products are exact in the kernel). An MX
+weight whose block scales (all-zero and poisoned blocks aside) fall outside it is stored with a
+power-of-two ``global_scale = 2^G`` and codes ``E8M0 - G``, G chosen so that the codes fit; the
+kernel multiplies its float32 sums by the global scale, so the products are unchanged. Only a
+weight whose block scales span more binades than the range (126 for MXFP4, 131 / 132 for FP6)
+cannot be stored: :func:`prepare` refuses it, and under ``jax.jit`` / ``jax.vmap`` (where the
+scales are not known) the blocks that do not fit are poisoned (their rows compute NaN / Inf).
+The same holds for elements that are not numbers of the format (a hand-built QuantizedArray):
+refused eagerly, poisoned under a trace. A negative NVFP4 block scale is folded into the sign of
+its block's codes (exact).
 
 K is padded to a multiple of 64 (the tile) with zero weights, as for FP4: any K works.
 
@@ -98,9 +111,11 @@ K is padded to a multiple of 64 (the tile) with zero weights, as for FP4: any K 
 from __future__ import annotations
 
 import functools
+import json
 from typing import Optional
 
 import jax
+import jax.export
 import jax.numpy as jnp
 import numpy as np
 
@@ -209,10 +224,61 @@ _FP6_SRC = {f: fp6_stream_bits(f) for f in FP6_FORMATS}
 
 
 #: Version of each format's prepared layout (PackedWeight.layout). FP4 2: the second bit
-#: positions (FP4_PAIR_BITS); a PackedWeight of another version (pickled or rebuilt from an older
-#: jax-gmma's pytree) is refused by every consumer instead of being decoded wrongly. Arrays saved
-#: without their PackedWeight carry no version: re-run :func:`prepare` on the original weights.
-LAYOUT_VERSION = {"nvfp4": 2, "mxfp4": 2, "mxfp6_e2m3": 1, "mxfp6_e3m2": 1}
+#: positions (FP4_PAIR_BITS); MXFP4 3 and MXFP6 2: the global scale may be a power of two other
+#: than 1 (the exact range of MX block scales: :data:`MX_CODE_RANGE`), which a kernel that
+#: ignores an MX weight's global scale would drop. A PackedWeight of a version this jax-gmma
+#: does not read (pickled or rebuilt from an older jax-gmma's pytree) is refused by every
+#: consumer instead of being decoded wrongly. Arrays saved without their PackedWeight carry no
+#: version: re-run :func:`prepare` on the original weights.
+LAYOUT_VERSION = {"nvfp4": 2, "mxfp4": 3, "mxfp6_e2m3": 2, "mxfp6_e3m2": 2}
+#: The versions this jax-gmma reads: the current one and, for MX formats, the one before (its
+#: global scale is always 1, which the current kernels apply the same way).
+READABLE_LAYOUTS = {"nvfp4": (2,), "mxfp4": (2, 3), "mxfp6_e2m3": (1, 2), "mxfp6_e3m2": (1, 2)}
+#: E8M0 codes (lo, hi) of the MX block scales the kernel applies exactly (products code x scale
+#: x 2^-10 exact in bf16): 2^-115 .. 2^11 (MXFP4), 2^-120 .. 2^11 (e2m3), 2^-119 .. 2^13 (e3m2).
+MX_CODE_RANGE = {"mxfp4": (12, 138), "mxfp6_e2m3": (7, 138), "mxfp6_e3m2": (8, 140)}
+#: Largest N, K and token count M the weight-only ops take (every dimension below 2^31).
+MAX_DIM = 2 ** 31 - 1
+#: The decode kernel's grid has at most this many token tiles (CUDA's grid y limit).
+MAX_TOKEN_TILES = 65535
+#: Float weights prepare() quantizes.
+W_DTYPES = (shapes.BF16, shapes.F16, shapes.F32, np.dtype(np.float64))
+
+
+def _is_int(v) -> bool:
+  return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def _is_concrete(v) -> bool:
+  """An array with values (not a tracer, not a jax.ShapeDtypeStruct)."""
+  return isinstance(v, (np.ndarray, jax.Array)) and not isinstance(v, jax.core.Tracer)
+
+
+def leaf_specs(fmt: str, n: int, k: int) -> dict:
+  """The (shape, dtype) of each array field of a PackedWeight of format ``fmt`` and (N, K)."""
+  s_, ks = n // TILE_ROWS, -(-k // TILE_K)
+  return {"packed": ((s_, ks, _TILE_BYTES[fmt]), np.dtype(np.uint8)),
+          "scales": ((s_, ks, _SCALE_BYTES[fmt]), np.dtype(np.uint8)),
+          "global_scale": ((1,), shapes.F32)}
+
+
+def _field_error(obj, who: str):
+  """The first inconsistency of a PackedWeight's array fields with its static fields (an
+  exception to raise), or None. Abstract values (tracers, jax.ShapeDtypeStruct) are checked by
+  shape and dtype."""
+  for name, (shape, dt) in leaf_specs(obj.format, obj.n, obj.k).items():
+    v = getattr(obj, name)
+    if not hasattr(v, "shape") or not hasattr(v, "dtype"):
+      return TypeError(f"{who}: {name} must be a {dt.name} array of shape {shape} for a {obj.format} "
+                       f"(N, K) = ({obj.n}, {obj.k}) weight, got {type(v).__name__}")
+    if np.dtype(v.dtype) != dt:
+      return TypeError(f"{who}: {name} must be {dt.name} for a {obj.format} weight, got "
+                       f"{np.dtype(v.dtype).name}")
+    if tuple(v.shape) != shape:
+      return ValueError(f"{who}: {name} must have shape {shape} for a {obj.format} (N, K) = "
+                        f"({obj.n}, {obj.k}) weight (exactly; nothing is broadcast), got "
+                        f"{tuple(v.shape)}")
+  return None
 
 
 @jax.tree_util.register_pytree_node_class
@@ -223,23 +289,58 @@ class PackedWeight:
   layout). ``layout`` is the :data:`LAYOUT_VERSION` the bytes were written in (objects from
   before versions existed count as 1).
 
+  The constructor checks every field against the others (abstract values included: shapes and
+  dtypes of tracers and ``jax.ShapeDtypeStruct``): ``format`` one of :data:`WEIGHT_FORMATS`,
+  ``n`` a positive multiple of 16 and ``k`` >= 1 (both below 2^31), ``packed`` / ``scales``
+  uint8 of exactly the shapes :func:`leaf_specs` gives, ``global_scale`` float32 ``(1,)``,
+  ``layout`` one of :data:`READABLE_LAYOUTS`. Pytree rebuilding (``tree_unflatten``, which JAX
+  also calls with placeholder leaves) checks nothing; every consumer checks again.
+
   ``fp8_exact`` (MX formats): True when every weight is exactly an FP8 e4m3 number times a
   power-of-two scale per row (:data:`FP8_SPREAD`), so the prefill path may multiply it on FP8
   tensor cores without rounding anything (``path="fp8"``); False when not (and for NVFP4, whose
   e4m3 block scales times e2m1 codes need up to 5 significant bits); None when unknown (the
   weight was prepared under a trace). It is static (it picks the path at trace time), so weights
-  stacked for ``lax.scan`` need equal flags: :meth:`with_fp8_exact` lowers one to False or None."""
+  stacked for ``lax.scan`` need equal flags: :meth:`with_fp8_exact` lowers one to False or None.
+  Given as True to the constructor with concrete scales, it is verified."""
 
   __slots__ = ("packed", "scales", "global_scale", "format", "n", "k", "fp8_exact", "layout")
 
   def __init__(self, packed, scales, global_scale, *, format: str, n: int, k: int,
                fp8_exact: Optional[bool] = None, layout: Optional[int] = None):
-    if format not in WEIGHT_FORMATS:
-      raise ValueError(f"PackedWeight: format must be one of {WEIGHT_FORMATS}, got {format!r}")
+    who = "jax_gmma.PackedWeight"
+    if not isinstance(format, str) or format not in WEIGHT_FORMATS:
+      raise ValueError(f"{who}: format must be one of {WEIGHT_FORMATS}, got {format!r}")
+    for name, v in (("n", n), ("k", k)):
+      if not _is_int(v):
+        raise TypeError(f"{who}: {name} must be an int ({format}), got {v!r}")
+    if not TILE_ROWS <= n <= MAX_DIM or n % TILE_ROWS:
+      raise ValueError(f"{who}: n must be a positive multiple of {TILE_ROWS} below 2^31 ({format}), "
+                       f"got {n}")
+    if not 1 <= k <= MAX_DIM:
+      raise ValueError(f"{who}: k must be >= 1 and below 2^31 ({format}), got {k}")
+    if fp8_exact is not None and not isinstance(fp8_exact, (bool, np.bool_)):
+      raise TypeError(f"{who}: fp8_exact must be None, True or False ({format}), got {fp8_exact!r}")
+    if fp8_exact and format not in FP8_SPREAD:
+      raise ValueError(f"{who}: fp8_exact must be False or None for {format} (no exact FP8 view; "
+                       "MX formats only), got True")
+    if layout is None:
+      layout = LAYOUT_VERSION[format]
+    if not _is_int(layout) or int(layout) not in READABLE_LAYOUTS[format]:
+      raise ValueError(f"{who}: layout must be one of {READABLE_LAYOUTS[format]} for {format} (the "
+                       f"versions this jax-gmma reads; {LAYOUT_VERSION[format]} is current), got "
+                       f"{layout!r}")
     self.packed, self.scales, self.global_scale = packed, scales, global_scale
     self.format, self.n, self.k = format, int(n), int(k)
     self.fp8_exact = None if fp8_exact is None else bool(fp8_exact)
-    self.layout = LAYOUT_VERSION[format] if layout is None else int(layout)
+    self.layout = int(layout)
+    err = _field_error(self, who)
+    if err is not None:
+      raise err
+    if self.fp8_exact and _is_concrete(scales) and not bool(
+        _codes_fp8_exact(scales, format, self.n, self.k)):
+      raise ValueError(f"{who}: fp8_exact is True but some row's {format} block scale codes span "
+                       f"more than 2^{FP8_SPREAD[format]} (FP8_SPREAD); only prepare() sets it")
 
   def tree_flatten(self):
     return ((self.packed, self.scales, self.global_scale),
@@ -259,20 +360,27 @@ class PackedWeight:
       object.__setattr__(self, name, slots.get(name, 1 if name == "layout" else None))
 
   def check_layout(self, who: str) -> None:
-    """Raise unless the bytes are in this jax-gmma's layout for the format."""
-    want = LAYOUT_VERSION[self.format]
-    if self.layout != want:
+    """Raise unless the bytes are in a layout this jax-gmma reads for the format and the array
+    fields agree with the static ones (``who``: the function the user called)."""
+    if self.format not in WEIGHT_FORMATS:
+      raise ValueError(f"{who}: w.format must be one of {WEIGHT_FORMATS}, got {self.format!r}")
+    if self.layout not in READABLE_LAYOUTS[self.format]:
       raise ValueError(f"{who}: this {self.format} PackedWeight was prepared in layout version "
-                       f"{self.layout}, this jax-gmma reads version {want} (the FP4 bit positions "
-                       "changed); run jax_gmma.weightonly.prepare on the original weight again")
+                       f"{self.layout}, this jax-gmma reads version(s) {READABLE_LAYOUTS[self.format]} "
+                       "(the FP4 bit positions changed); run jax_gmma.weightonly.prepare on the "
+                       "original weight again")
+    err = _field_error(self, who)
+    if err is not None:
+      raise type(err)(str(err).replace(f"{who}: ", f"{who}: w.", 1))
 
   def with_fp8_exact(self, flag: Optional[bool]) -> "PackedWeight":
     """A copy with ``fp8_exact`` lowered to False or None (e.g. to stack weights whose flags
     differ); raising it is refused: only :func:`prepare` can establish exactness."""
     if flag is True and self.fp8_exact is not True:
       raise ValueError("PackedWeight.with_fp8_exact: only prepare() can set fp8_exact=True")
-    return PackedWeight(self.packed, self.scales, self.global_scale, format=self.format, n=self.n,
-                        k=self.k, fp8_exact=flag, layout=self.layout)
+    obj = PackedWeight.tree_unflatten(self.tree_flatten()[1], self.tree_flatten()[0])
+    obj.fp8_exact = None if flag is None else bool(flag)
+    return obj
 
   @property
   def padded_k(self) -> int:
@@ -292,22 +400,74 @@ class PackedWeight:
             f"fp8_exact={self.fp8_exact}, layout={self.layout})")
 
 
+def _aux_to_bytes(aux) -> bytes:
+  fmt, n, k, fp8_exact = aux[:4]
+  layout = aux[4] if len(aux) > 4 else 1
+  return json.dumps([fmt, int(n), int(k), fp8_exact, int(layout)]).encode("utf-8")
+
+
+def _aux_from_bytes(data: bytes):
+  fmt, n, k, fp8_exact, layout = json.loads(bytes(data).decode("utf-8"))
+  return (str(fmt), int(n), int(k), None if fp8_exact is None else bool(fp8_exact), int(layout))
+
+
+# jax.export: a PackedWeight argument (or result) of an exported function; the serialized
+# calling convention holds the static fields only (the arrays are the function's arguments).
+jax.export.register_pytree_node_serialization(
+    PackedWeight, serialized_name="jax_gmma.PackedWeight", serialize_auxdata=_aux_to_bytes,
+    deserialize_auxdata=_aux_from_bytes)
+
+
+def _packed_weight(packed, scales, global_scale, fmt, n, k, fp8_exact) -> PackedWeight:
+  """A PackedWeight from prepare()'s own computation (its fp8_exact needs no second check)."""
+  wp = PackedWeight(packed, scales, global_scale, format=fmt, n=n, k=k)
+  wp.fp8_exact = fp8_exact
+  return wp
+
+
 # -- preparation ------------------------------------------------------------------------------
+
+def _check_nk(who: str, n, k) -> None:
+  if not TILE_ROWS <= n <= MAX_DIM or n % TILE_ROWS:
+    raise ValueError(f"{who}: w must have N (rows) a positive multiple of {TILE_ROWS} (rows of the "
+                     f"kernel's tile) below 2^31, got N = {n}")
+  if not 1 <= k <= MAX_DIM:
+    raise ValueError(f"{who}: w must have K (columns) >= 1 and below 2^31, got K = {k}")
+
 
 def prepare(w, format: Optional[str] = None) -> PackedWeight:
   """Quantize (if needed) and lay out an (N, K) weight for the Hopper weight-only kernel.
 
-  ``w``: a float (N, K) array (quantized here with ``format``) or a QuantizedArray of format
-  "nvfp4" / "mxfp4" / "mxfp6_e2m3" / "mxfp6_e3m2" with axis -1 and row-major scales. N must be
-  a multiple of 16; K is padded to a multiple of 64 with zero weights (any K >= 1). Runs in JAX
-  (jit-able, any backend)."""
+  ``w``: a float (N, K) array (bfloat16, float16, float32; quantized here with ``format``) or a
+  QuantizedArray of format "nvfp4" / "mxfp4" / "mxfp6_e2m3" / "mxfp6_e3m2" with axis -1 and
+  row-major scales. N must be a multiple of 16; K is padded to a multiple of 64 with zero
+  weights (any K >= 1). Runs in JAX (jit-able, vmap-able, any backend).
+
+  Value rules (see the module docstring, "The exact range of MX block scales"): an MX weight
+  whose block scales span more binades than the kernel applies exactly, or a QuantizedArray
+  whose elements are not numbers of its format, is refused here; under ``jax.jit`` /
+  ``jax.vmap`` the blocks concerned are poisoned instead (the rows they belong to compute NaN /
+  Inf), never rounded or clamped."""
   who = "jax_gmma.weightonly.prepare"
+  if format is not None and (not isinstance(format, str) or format not in WEIGHT_FORMATS):
+    raise ValueError(f"{who}: format must be one of {WEIGHT_FORMATS}, got {format!r}")
+  if isinstance(w, PackedWeight):
+    raise TypeError(f"{who}: w is already a PackedWeight; pass the float (N, K) weight or its "
+                    "QuantizedArray")
   if not isinstance(w, QuantizedArray):
-    if format not in WEIGHT_FORMATS:
-      raise ValueError(f"{who}: format must be one of {WEIGHT_FORMATS} for a float weight, got {format!r}")
-    w = jnp.asarray(w)
+    if format is None:
+      raise ValueError(f"{who}: format must be one of {WEIGHT_FORMATS} for a float weight, got None")
+    try:
+      w = jnp.asarray(w)
+    except TypeError:
+      raise TypeError(f"{who}: w must be a float (N, K) array or a QuantizedArray of a weight-only "
+                      f"format {WEIGHT_FORMATS}, got {type(w).__name__}") from None
+    if np.dtype(w.dtype) not in W_DTYPES:
+      raise TypeError(f"{who}: w must be a float (bfloat16, float16, float32) (N, K) array or a "
+                      f"QuantizedArray of a weight-only format, got {np.dtype(w.dtype).name}")
     if w.ndim != 2:
       raise ValueError(f"{who}: w must be a 2-D (N, K) weight, got shape {w.shape}")
+    _check_nk(who, *w.shape)
     w = quantize(w, format)
   fmt = w.format.name
   if format is not None and format != fmt:
@@ -320,22 +480,47 @@ def prepare(w, format: Optional[str] = None) -> PackedWeight:
   if w.layout != "rowmajor":
     raise ValueError(f"{who}: w's scales must be row-major (quantize without layout=), got {w.layout!r}")
   n, k = w.shape
-  if n % TILE_ROWS:
-    raise ValueError(f"{who}: N = {n} must be a multiple of {TILE_ROWS} (rows of the kernel's tile)")
-  scales = w.scales
-  if fmt in _MX_BIAS and not isinstance(scales, jax.core.Tracer):
-    u = np.asarray(jax.device_get(scales)).view(np.uint8)
-    lim = _MX_MAX_CODE[fmt]
-    bad = (u > lim) & (u != 255)
-    if bad.any():
-      big = {"mxfp4": 12288, "mxfp6_e2m3": 15 * 2 ** 11, "mxfp6_e3m2": 2 ** 18}[fmt]
-      raise ValueError(f"{who}: {int(bad.sum())} {fmt.upper()} block scales exceed 2^{lim - 127}, the "
-                       f"kernel's exact range (weights of magnitude {big} or more)")
-  packed, codes, exact = _prepare_impl(w.data, scales, fmt, n, k)
-  g = w.global_scale if w.global_scale is not None else jnp.ones((), jnp.float32)
-  exact = None if isinstance(exact, jax.core.Tracer) else bool(jax.device_get(exact))
-  return PackedWeight(packed, codes, jnp.reshape(g, (1,)).astype(jnp.float32), format=fmt, n=n, k=k,
-                      fp8_exact=exact)
+  _check_nk(who, n, k)
+  bk = _BLOCK_K[fmt]
+  data, scales = w.data, w.scales
+  for name, v in (("w.data", data), ("w.scales", scales)):
+    if not hasattr(v, "shape") or not hasattr(v, "dtype") or len(v.shape) != 2:
+      raise ValueError(f"{who}: {name} must be a 2-D array ({fmt}), got "
+                       f"{getattr(v, 'shape', type(v).__name__)}")
+  if data.shape[0] != n or data.shape[1] < k or not jnp.issubdtype(data.dtype, jnp.floating):
+    raise ValueError(f"{who}: w.data must be a float ({n}, >= {k}) array ({fmt}), got "
+                     f"{np.dtype(data.dtype).name}{tuple(data.shape)}")
+  sdt = np.dtype(w.format.scale_dtype)
+  if np.dtype(scales.dtype) != sdt:
+    raise TypeError(f"{who}: w.scales must be {sdt.name} for {fmt}, got {np.dtype(scales.dtype).name}")
+  if scales.shape[0] != n or scales.shape[1] < -(-k // bk):
+    raise ValueError(f"{who}: w.scales must have shape ({n}, >= {-(-k // bk)}) for {fmt} (one scale "
+                     f"per {bk} of K), got {tuple(scales.shape)}")
+  g = w.global_scale
+  if g is None:
+    g = jnp.ones((1,), jnp.float32)
+  elif (not hasattr(g, "dtype") or int(np.prod(np.shape(g))) != 1
+        or not jnp.issubdtype(g.dtype, jnp.floating)):
+    raise ValueError(f"{who}: w.global_scale must be a float scalar ({fmt}), got "
+                     f"{getattr(g, 'dtype', type(g).__name__)}{np.shape(g)}")
+  packed, codes, gs, exact, stats = _prepare_impl(data, scales, jnp.reshape(g, (1,)).astype(jnp.float32),
+                                                  fmt, n, k)
+  if isinstance(stats, jax.core.Tracer):
+    exact = None
+  else:
+    nout, noff, cmin, cmax = (int(v) for v in np.asarray(jax.device_get(stats)))
+    if noff:
+      raise ValueError(f"{who}: {noff} elements of w.data are not {np.dtype(_ELEM[fmt][0]).name} numbers "
+                       f"(NaN, or off the {fmt} grid); they cannot be stored")
+    if nout:
+      lo, hi = MX_CODE_RANGE[fmt]
+      raise ValueError(
+          f"{who}: w's {fmt} block scales span 2^{cmin - 127} .. 2^{cmax - 127} ({cmax - cmin} "
+          f"binades, all-zero and NaN blocks aside): more than the {hi - lo} binades the kernel "
+          f"applies exactly (one power-of-two global scale times E8M0 codes {lo} .. {hi}); "
+          f"{nout} blocks would not fit (under jax.jit they are poisoned: NaN)")
+    exact = fmt in FP8_SPREAD and bool(jax.device_get(exact))
+  return _packed_weight(packed, codes, gs, fmt, n, k, exact)
 
 
 # -- the FP8 view of an MX weight (the prefill path's FP8 route) -------------------------------
@@ -415,48 +600,85 @@ def _rounded_row_exp_impl(codes, fmt: str, n: int, k: int):
   return jnp.where(v > 0, 127 - d, 127).astype(jnp.int32)
 
 
-@functools.partial(jax.jit, static_argnums=(2, 3, 4))
-def _prepare_impl(data, scales, fmt: str, n: int, k: int):
+@functools.partial(jax.jit, static_argnums=(1, 2, 3))
+def _codes_fp8_exact(codes, fmt: str, n: int, k: int):
+  """Whether prepared MX scale codes satisfy :data:`FP8_SPREAD` (code 0: an all-zero block, and
+  poisoned blocks do not count) -- the rule prepare() applies to set ``fp8_exact``."""
+  c = _block_codes(codes, fmt, n, k)
+  return jnp.all((c >= _row_max(c, fmt, keepdims=True) - FP8_SPREAD[fmt]) | (c == 0)
+                 | (c > _MX_MAX_CODE[fmt]))
+
+
+@functools.partial(jax.jit, static_argnums=(3, 4, 5))
+def _prepare_impl(data, scales, gscale, fmt: str, n: int, k: int):
+  """(packed, scale codes, global scale (1,), fp8_exact, stats): stats int32 (4,) = (MX blocks
+  outside the exact range (poisoned), elements off the format's grid (their blocks poisoned),
+  smallest and largest E8M0 code of the blocks that hold weights)."""
   kp = -(-k // TILE_K) * TILE_K
   bk = _BLOCK_K[fmt]
   s_, ks = n // TILE_ROWS, kp // TILE_K
   edt, ebits = _ELEM[fmt]
-  codes = encode(data.astype(jnp.float32)[:, :k], edt, ebits)  # (N, K) uint32
+  d32 = data.astype(jnp.float32)[:, :k]
+  codes = encode(d32, edt, ebits)  # (N, K) uint32
+  # Elements that are not numbers of the format (NaN, off the grid: a hand-built QuantizedArray)
+  # poison their block: encode() would round or clamp them.
+  off = decode(codes, edt, ebits) != d32
+  dpad = jnp.pad(d32, ((0, 0), (0, kp - k)))
+  off_blk = jnp.any(jnp.pad(off, ((0, 0), (0, kp - k))).reshape(n, kp // bk, bk), axis=-1)
+  zero = ~jnp.any(dpad.reshape(n, kp // bk, bk) != 0, axis=-1)
   sc = scales
   if sc.shape[1] * bk < kp:  # pad the scale blocks to Kp (zero weights there)
     pad_val = jnp.asarray(1.0, jnp.float32).astype(sc.dtype)
     sc = jnp.concatenate([sc, jnp.full((n, kp // bk - sc.shape[1]), pad_val, sc.dtype)], axis=1)
   sc = sc[:, :kp // bk]
   exact = jnp.asarray(False)  # NVFP4: no FP8 view
+  nout = jnp.zeros((), jnp.int32)
+  cmin = cmax = jnp.zeros((), jnp.int32)
+  gs = gscale
   if fmt == "nvfp4":
     s32 = sc.astype(jnp.float32)
-    f = (s32 * np.float32(2.0 ** 116)).astype(jnp.bfloat16)
+    # A negative block scale goes into the sign of its block's codes (exact).
+    neg = s32 < 0
+    f = (jnp.abs(s32) * np.float32(2.0 ** 116)).astype(jnp.bfloat16)
     bits = jax.lax.bitcast_convert_type(f, jnp.uint16).astype(jnp.int32)
     c = (bits >> 4) - 0x700
     zero = s32 == 0
-    c = jnp.where(zero, 0, jnp.where(jnp.isnan(s32), 255, c))
+    c = jnp.where(zero, 0, jnp.where(jnp.isnan(s32) | off_blk, 255, c))
     # A zero scale means a zero block: zero its codes so the (nonzero) multiplier is harmless.
     codes = jnp.where(jnp.repeat(zero, bk, axis=1)[:, :k], 0, codes)
+    codes = jnp.where(jnp.repeat(neg, bk, axis=1)[:, :k], codes ^ np.uint32(8), codes)
   else:
     u = jax.lax.bitcast_convert_type(sc, jnp.uint8).astype(jnp.int32)
-    lim = _MX_MAX_CODE[fmt]
-    c = jnp.where(u == 255, lim + 1, jnp.minimum(u, lim))
+    lo, lim = MX_CODE_RANGE[fmt]
+    poison = (u == 255) | off_blk
+    live = ~poison & ~zero
+    cmax = jnp.max(jnp.where(live, u, -1))
+    cmin = jnp.min(jnp.where(live, u, 256))
+    # The global power of two 2^G: the codes u - G of the blocks that hold weights fit in
+    # [lo, lim] whenever their span allows (G = 0 when they already do); else the largest fit
+    # and the blocks below the range are poisoned.
+    g = jnp.maximum(cmax - lim, jnp.minimum(0, cmin - lo))
+    c = u - g
+    out = live & (c < lo)
+    nout = jnp.sum(out).astype(jnp.int32)
     # An all-zero block takes the smallest code (any scale multiplies zeros), so that it never
     # sets its row's largest exponent (row_exponents, the FP8 route).
-    d = jnp.pad(data.astype(jnp.float32)[:, :k], ((0, 0), (0, kp - k)))
-    zero = ~jnp.any(d.reshape(n, kp // bk, bk) != 0, axis=-1)
-    c = jnp.where(zero & (u != 255), 0, c)
+    c = jnp.where(poison | out, lim + 1, jnp.where(live, c, 0))
+    gs = jnp.ldexp(jnp.ones((1,), jnp.float32), g)
+    cmin, cmax = jnp.where(cmax < 0, 0, cmin), jnp.maximum(cmax, 0)
     # fp8_exact: every block that holds weights (not all zero, not poisoned) within FP8_SPREAD
     # of its row's largest code -- the row_exponents the FP8 route will read from these codes.
     nblk = -(-k // bk)
     cv = c[:, :nblk]
-    exact = jnp.all((cv >= _row_max(cv, fmt, keepdims=True) - FP8_SPREAD[fmt]) | zero[:, :nblk]
+    exact = jnp.all((cv >= _row_max(cv, fmt, keepdims=True) - FP8_SPREAD[fmt]) | ~live[:, :nblk]
                     | (cv > lim))
+  stats = jnp.stack([nout, jnp.sum(off).astype(jnp.int32), cmin.astype(jnp.int32),
+                     cmax.astype(jnp.int32)])
   codes = jnp.pad(codes, ((0, 0), (0, kp - k)))
   nb = TILE_K // bk  # scale blocks per tile
   cc = c.astype(jnp.uint8).reshape(s_, 2, 8, ks, nb).transpose(0, 3, 4, 2, 1).reshape(s_, ks, nb * 16)
   if fmt in FP6_FORMATS:
-    return _pack_fp6(codes, fmt, s_, ks), cc, exact
+    return _pack_fp6(codes, fmt, s_, ks), cc, gs, exact, stats
   # (s, h, g, j, t, q, kk) -> (s, j, g, t, q, h*4+kk), then each code's 4 bits to _BITS.
   c7 = codes.reshape(s_, 2, 8, ks, 4, 4, 4).transpose(0, 3, 2, 4, 5, 1, 6).reshape(s_, ks, 8, 4, 4, 8)
   words = jnp.zeros(c7.shape[:-1], jnp.uint32)
@@ -465,7 +687,7 @@ def _prepare_impl(data, scales, fmt: str, n: int, k: int):
     for src, dst in zip((3, 2, 1, 0), pos):
       words = words | (((code >> src) & 1) << dst)
   packed = jax.lax.bitcast_convert_type(words, jnp.uint8).reshape(s_, ks, 512)
-  return packed, cc, exact
+  return packed, cc, gs, exact, stats
 
 
 def _fp6_slot(grp: int, e: int) -> tuple:
@@ -594,7 +816,8 @@ def _gemm_kernel(ctx, x, x_scale, packed, scales, global_scale, bias, *, fmt, n,
   return rule(ctx, x, x_scale, packed, scales, global_scale, bias,
               scale_kind=np.int32(_SCALE_KIND[fmt]), rows=np.int32(rows), tokens=np.int32(tokens),
               k_warps=np.int32(k_warps),
-              has_x_scale=bool(has_x_scale), has_global=fmt == "nvfp4", has_bias=bool(has_bias))
+              # every format: MX weights carry a power-of-two global scale (the exact range)
+              has_x_scale=bool(has_x_scale), has_global=True, has_bias=bool(has_bias))
 
 
 def _gemm_partition_rule(avals, params):
@@ -648,7 +871,7 @@ WEIGHTONLY_GEMM = primitive.define(
     reference=weightonly_reference, user_fn="jax_gmma.weightonly_gemm", kernel=_gemm_kernel,
     kernel_missing=lambda ctx, params: _backend.missing_reason("weightonly_gemm"),
     op="weightonly_gemm", partition_rule=_gemm_partition_rule,
-    vmap=batching.fold((2, 3, 4, 5), _fold_rest))
+    vmap=batching.fold((2, 3, 4, 5), _fold_rest), symbolic_ok=True)
 weightonly_gemm_p = WEIGHTONLY_GEMM.p
 
 
@@ -832,26 +1055,71 @@ def weightonly_gemm(x, w: PackedWeight, *, x_scale=None, bias=None, out_dtype=No
   FP8 GEMM in the tensor cores' narrower accumulator within each 128 of K and in float32 across
   them (float32 outputs agree with a float64 reference to ~1e-4 instead of ~1e-6).
   """
-  who = "jax_gmma.weightonly_gemm"
+  return _gemm(x, w, x_scale=x_scale, bias=bias, out_dtype=out_dtype, rows=rows, tokens=tokens,
+               k_warps=k_warps, path=path, who="jax_gmma.weightonly_gemm")
+
+
+#: Real float dtypes accepted for x_scale (converted to float32) and bias.
+SCALE_DTYPES = (shapes.BF16, shapes.F16, shapes.F32)
+#: The token count (M) the CTA shape is picked for when M is symbolic (jax.export): the shapes
+#: for more than 16 tokens.
+SYMBOLIC_M_PICK = 17
+
+
+def _out_dtype(out_dtype, allowed, who: str):
+  if out_dtype is None:
+    return None
+  try:
+    dt = np.dtype(jnp.dtype(out_dtype))
+  except TypeError:
+    dt = None
+  if dt not in allowed:
+    raise TypeError(f"{who}: out_dtype must be one of {tuple(d.name for d in allowed)}, got "
+                    f"{getattr(dt, 'name', repr(out_dtype))}")
+  return dt
+
+
+def _float_operand(v, name: str, who: str, what: str):
+  """jnp array of ``v``, refused unless a real bfloat16 / float16 / float32 array."""
+  try:
+    a = jnp.asarray(v)
+  except TypeError:
+    raise TypeError(f"{who}: {name} must be a float (bfloat16, float16, float32) {what}, got "
+                    f"{type(v).__name__}") from None
+  if np.dtype(a.dtype) not in SCALE_DTYPES:
+    raise TypeError(f"{who}: {name} must be a float (bfloat16, float16, float32) {what}, got "
+                    f"{np.dtype(a.dtype).name} (nothing is cast: integer, bool and complex values "
+                    "are refused)")
+  return a
+
+
+def _gemm(x, w, *, x_scale, bias, out_dtype, rows, tokens, k_warps, path, who):
   if not isinstance(w, PackedWeight):
     raise TypeError(f"{who}: w must be a PackedWeight (jax_gmma.weightonly.prepare(w, 'nvfp4')), "
                     f"got {type(w).__name__}")
   w.check_layout(who)
-  x = jnp.asarray(x)
+  if isinstance(x, (QuantizedArray, PackedWeight)):
+    raise TypeError(f"{who}: x must be an array (a QuantizedArray x goes through jax_gmma.dot), got "
+                    f"{type(x).__name__}")
+  try:
+    x = jnp.asarray(x)
+  except TypeError:
+    raise TypeError(f"{who}: x must be a bfloat16, float8_e4m3fn or float8_e5m2 array, got "
+                    f"{type(x).__name__}") from None
   xdt = np.dtype(x.dtype)
   if xdt not in X_DTYPES:
     raise TypeError(f"{who}: x must be bfloat16, float8_e4m3fn or float8_e5m2, got {xdt.name} "
                     "(cast float32/float16 activations to bfloat16 explicitly)")
-  if x.ndim < 1 or x.shape[-1] != w.k:
+  if x.ndim < 1 or not _same_dim(x.shape[-1], w.k):
     raise ValueError(f"{who}: x must be (..., K) with K = {w.k} (w's K), got shape {x.shape}")
-  lead = x.shape[:-1]
-  m = int(np.prod(lead)) if lead else 1
-  if m == 0:
-    raise ValueError(f"{who}: x has a zero-size dimension: {x.shape}")
-  out_dtype = shapes.BF16 if out_dtype is None else np.dtype(jnp.dtype(out_dtype))
-  if out_dtype not in OUT_DTYPES:
-    raise TypeError(f"{who}: out_dtype must be bfloat16 or float32, got {out_dtype.name}")
-  if path not in PATHS:
+  lead = tuple(x.shape[:-1])
+  m = functools.reduce(lambda a, b: a * b, lead, 1)
+  concrete = _is_int(m)
+  if concrete and m > MAX_DIM:
+    raise ValueError(f"{who}: x must have fewer than 2^31 rows (M, the product of its leading "
+                     f"dimensions), got shape {x.shape}")
+  out_dtype = _out_dtype(out_dtype, OUT_DTYPES, who) or shapes.BF16
+  if not isinstance(path, str) or path not in PATHS:
     raise ValueError(f"{who}: path must be one of {PATHS}, got {path!r}")
   forced = rows is not None or tokens is not None or k_warps is not None
   if path == "dequant" and forced:
@@ -878,7 +1146,8 @@ def weightonly_gemm(x, w: PackedWeight, *, x_scale=None, bias=None, out_dtype=No
                        f"power-of-two scale per row); it is {why}. Use path='dequant' (exact) or "
                        "path='fp8_rounded'")
   if path == "auto":
-    if m < PREFILL_MIN_M or forced:
+    # A symbolic M (jax.export) takes the kernel: it is right for every M.
+    if not concrete or m < PREFILL_MIN_M or forced:
       path = "kernel"
     else:
       path = "fp8" if fp8_ok else "dequant"
@@ -889,32 +1158,42 @@ def weightonly_gemm(x, w: PackedWeight, *, x_scale=None, bias=None, out_dtype=No
   if k_warps is not None and k_warps not in K_WARPS_CHOICES:
     raise ValueError(f"{who}: k_warps must be one of {K_WARPS_CHOICES}, got {k_warps}")
   # the kernel sees the padded K (what weightonly_pick gets)
-  rows, tokens, k_warps = resolve_cta(m, w.n, w.padded_k, w.format, rows, tokens, k_warps)
+  m_pick = m if concrete else SYMBOLIC_M_PICK
+  rows, tokens, k_warps = resolve_cta(max(m_pick, 1), w.n, w.padded_k, w.format, rows, tokens,
+                                      k_warps)
   if (rows, tokens, k_warps) not in CTA_SHAPES:
     raise ValueError(f"{who}: no kernel for the CTA shape (rows, tokens, k_warps) = "
                      f"{(rows, tokens, k_warps)}; built shapes: {CTA_SHAPES}")
   if w.n % rows:
     raise ValueError(f"{who}: rows = {rows} must divide N = {w.n}")
-  x2 = x.reshape(m, w.k)
-  x8 = x2
-  if xdt != shapes.BF16:
-    x2 = x2.astype(jnp.bfloat16)  # exact for e4m3 / e5m2
+  if path == "kernel" and concrete and -(-m // tokens) > MAX_TOKEN_TILES:
+    raise ValueError(f"{who}: x has M = {m} tokens; path='kernel' takes at most "
+                     f"{MAX_TOKEN_TILES * tokens} with {tokens} tokens per CTA (use path='dequant')")
   if x_scale is not None:
-    xs = jnp.asarray(x_scale, jnp.float32).reshape(-1)
-    if xs.size == 1:
-      xs = jnp.broadcast_to(xs, (m,))
-    if xs.shape != (m,):
-      raise ValueError(f"{who}: x_scale must be a scalar or have {m} elements (one per token), "
-                       f"got shape {jnp.shape(x_scale)}")
+    xs = _float_operand(x_scale, "x_scale", who, "scalar or one scale per token")
+    if xs.size == 1 and xs.ndim <= 1:
+      xs = jnp.broadcast_to(xs.reshape(()), (m,))
+    elif tuple(xs.shape) in (lead, (m,), lead + (1,)):
+      xs = xs.reshape(-1)
+    else:
+      raise ValueError(f"{who}: x_scale must be a scalar or one scale per token: shape {lead}, "
+                       f"{(m,)} or {lead + (1,)}, got shape {tuple(xs.shape)}")
+    xs = xs.astype(jnp.float32)
   else:
     xs = jnp.ones((1,), jnp.float32)
   if bias is not None:
-    b = jnp.asarray(bias)
-    if b.shape != (w.n,):
+    b = _float_operand(bias, "bias", who, f"({w.n},) array")
+    if tuple(b.shape) != (w.n,):
       raise ValueError(f"{who}: bias must have shape ({w.n},), got {b.shape}")
     b = b.astype(out_dtype)
   else:
     b = jnp.zeros((1,), out_dtype)
+  if concrete and m == 0:  # nothing to multiply: the empty result
+    return jnp.zeros((*lead, w.n), out_dtype)
+  x2 = x.reshape(-1, w.k)
+  x8 = x2
+  if xdt != shapes.BF16:
+    x2 = x2.astype(jnp.bfloat16)  # exact for e4m3 / e5m2
   if path in ("fp8", "fp8_rounded"):
     out = _fp8_gemm_route(x8, xs, w, None if bias is None else b, out_dtype=out_dtype,
                           has_x_scale=x_scale is not None, rounded=path == "fp8_rounded")
@@ -930,6 +1209,11 @@ def weightonly_gemm(x, w: PackedWeight, *, x_scale=None, bias=None, out_dtype=No
   return out.reshape(*lead, w.n)
 
 
+def _same_dim(d, k: int) -> bool:
+  """Whether dimension ``d`` (an int or a symbolic dimension) is exactly ``k``."""
+  return _is_int(d) and int(d) == k
+
+
 # -- jax_gmma.dot on this family's weights ---------------------------------------------------
 
 #: Activation formats of a QuantizedArray x that ``dot`` widens to bf16 for these weights.
@@ -941,18 +1225,45 @@ def serves(w) -> bool:
   return isinstance(w, PackedWeight)
 
 
+#: Float arrays x that ``dot`` multiplies with a PackedWeight: bfloat16 as is, float16 / float32
+#: rounded to bfloat16, float8 e4m3 / e5m2 widened exactly (no scale).
+DOT_X_DTYPES = (shapes.BF16, shapes.F16, shapes.F32, E4M3, E5M2)
+#: dot's output dtypes (float16: the float32 result rounded once).
+DOT_OUT_DTYPES = (shapes.BF16, shapes.F16, shapes.F32)
+
+
 def dot(x, w, *, bias, out_dtype, **_):
-  """``jax_gmma.dot`` for FP4 / FP6 weights prepared for Hopper (:func:`prepare`): a float x is
-  multiplied in bfloat16 (float32/float16 inputs are rounded to bf16 first); an FP8
-  QuantizedArray x (fp8_tensor / fp8_channel) is widened to bf16 exactly with its scales."""
+  """``jax_gmma.dot`` for FP4 / FP6 weights prepared for Hopper (:func:`prepare`): a float x
+  (bfloat16; float32 / float16 are rounded to bf16 first; float8_e4m3fn / float8_e5m2 are
+  widened exactly) is multiplied in bfloat16; an FP8 QuantizedArray x (fp8_tensor /
+  fp8_channel) is widened to bf16 exactly with its scales. Integer, bool and complex x are
+  refused. ``out_dtype`` defaults to x's dtype for float16 / float32 x, else bfloat16 (float16:
+  the float32 result rounded once)."""
+  who = "jax_gmma.dot"
+  out_dt = _out_dtype(out_dtype, DOT_OUT_DTYPES, who)
   if isinstance(x, QuantizedArray):
     if x.format.name not in ACTIVATION_FORMATS:
-      raise ValueError(f"x: format {x.format.name!r} cannot multiply FP4/FP6 weights; use fp8_tensor, "
-                       "fp8_channel or a float x")
-    return weightonly_gemm(x.data, w, x_scale=x.scales, bias=bias,
-                           out_dtype=shapes.BF16 if out_dtype is None else out_dtype)
-  x = jnp.asarray(x)
-  default_out = shapes.F32 if np.dtype(x.dtype) == shapes.F32 else shapes.BF16
-  if np.dtype(x.dtype) != shapes.BF16:
-    x = x.astype(jnp.bfloat16)
-  return weightonly_gemm(x, w, bias=bias, out_dtype=default_out if out_dtype is None else out_dtype)
+      raise ValueError(f"{who}: x has format {x.format.name!r}, which cannot multiply FP4/FP6 "
+                       "weights; use fp8_tensor, fp8_channel or a float x")
+    default_out = shapes.BF16
+    x_arr, xs = x.data, x.scales
+  else:
+    try:
+      x_arr = jnp.asarray(x)
+    except TypeError:
+      raise TypeError(f"{who}: x must be a float array or a QuantizedArray, got "
+                      f"{type(x).__name__}") from None
+    dt = np.dtype(x_arr.dtype)
+    if dt not in DOT_X_DTYPES:
+      raise TypeError(f"{who}: x must be a float array (bfloat16, float16, float32, float8_e4m3fn, "
+                      f"float8_e5m2) to multiply a PackedWeight, got {dt.name} (nothing is cast: "
+                      "integer, bool and complex x are refused)")
+    default_out = dt if dt in (shapes.F16, shapes.F32) else shapes.BF16
+    if dt in (shapes.F16, shapes.F32):
+      x_arr = x_arr.astype(jnp.bfloat16)
+    xs = None
+  out_dt = default_out if out_dt is None else out_dt
+  run_dt = shapes.F32 if out_dt == shapes.F16 else out_dt
+  out = _gemm(x_arr, w, x_scale=xs, bias=bias, out_dtype=run_dt, rows=None, tokens=None,
+              k_warps=None, path="auto", who=who)
+  return out.astype(out_dt)
