@@ -29,6 +29,7 @@ from .ops.tensorwise_configs import KernelConfig, select_config
 from .ops.weightonly import PackedWeight, weightonly_gemm
 from .api import dot, export_disabled_checks, scaled_matmul
 from .train import fp8_linear
+from . import checkpoint
 
 _backend.register_targets()  # no-op without the CUDA library; needs no GPU
 
@@ -41,5 +42,5 @@ __all__ = [
     "BlockwiseProblem", "fp8_blockwise_problem", "blockwise_configs",
     "mx", "mx_gemm", "mx_gemm_p",
     "weightonly", "weightonly_gemm", "PackedWeight", "fp8_linear", "NotDifferentiable",
-    "export_disabled_checks",
+    "export_disabled_checks", "checkpoint",
 ]
