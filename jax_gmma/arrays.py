@@ -149,6 +149,12 @@ class QuantizedArray:
            self._dtype_name)
     return children, aux
 
+  def tree_flatten_with_keys(self):
+    """Named leaves (``.data``, ``.scales``, ``.global_scale``): the paths that ``jax.tree_util``,
+    checkpointers and model-state tools show."""
+    children, aux = self.tree_flatten()
+    return tuple(zip(_LEAF_KEYS, children)), aux
+
   @classmethod
   def tree_unflatten(cls, aux, children):
     # No validation: children may be tracers, None, object() placeholders or cotangents
@@ -236,7 +242,8 @@ def _declared(shape) -> tuple:
   return tuple(int(d) if shapes.is_constant_dim(d) else d for d in shape)
 
 
-jax.tree_util.register_pytree_node_class(QuantizedArray)
+_LEAF_KEYS = tuple(jax.tree_util.GetAttrKey(n) for n in ("data", "scales", "global_scale"))
+jax.tree_util.register_pytree_with_keys_class(QuantizedArray)
 
 
 def _serialize_aux(aux) -> bytes:

@@ -381,3 +381,19 @@ def test_shape_rules_refuse_complex():
   with pytest.raises(TypeError, match="bias must be floating-point"):
     shapes.fp8_gemm_problem((4, 256), e4, (128, 256), e4, bias_shape=(128,),
                             bias_dtype=np.complex64)
+
+
+def test_leaves_have_named_paths():
+  """QuantizedArray and PackedWeight are pytrees with keys: tree paths name their leaves (what
+  checkpointers and model-state tools show), and flattening with or without paths agrees."""
+  q = quantize(_x((32, 64)), "nvfp4")
+  wp = jax_gmma.weightonly.prepare(_x((32, 64)), "mxfp4")
+  tree = {"q": q, "w": wp}
+  paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
+  assert paths == ["['q'].data", "['q'].scales", "['q'].global_scale",
+                   "['w'].packed", "['w'].scales", "['w'].global_scale"]
+  with_paths = [v for _, v in jax.tree_util.tree_flatten_with_path(tree)[0]]
+  for a, b in zip(with_paths, jax.tree_util.tree_leaves(tree)):
+    assert a is b
+  back = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(tree), jax.tree_util.tree_leaves(tree))
+  np.testing.assert_array_equal(np.asarray(dequantize(back["q"])), np.asarray(dequantize(q)))

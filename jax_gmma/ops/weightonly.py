@@ -281,7 +281,10 @@ def _field_error(obj, who: str):
   return None
 
 
-@jax.tree_util.register_pytree_node_class
+_LEAF_KEYS = tuple(jax.tree_util.GetAttrKey(n) for n in ("packed", "scales", "global_scale"))
+
+
+@jax.tree_util.register_pytree_with_keys_class
 class PackedWeight:
   """An (N, K) weight in the Hopper weight-only kernel layout (see the module docstring).
 
@@ -345,6 +348,11 @@ class PackedWeight:
   def tree_flatten(self):
     return ((self.packed, self.scales, self.global_scale),
             (self.format, self.n, self.k, self.fp8_exact, self.layout))
+
+  def tree_flatten_with_keys(self):
+    """Named leaves (``.packed``, ``.scales``, ``.global_scale``) for tree paths."""
+    children, aux = self.tree_flatten()
+    return tuple(zip(_LEAF_KEYS, children)), aux
 
   @classmethod
   def tree_unflatten(cls, aux, children):
