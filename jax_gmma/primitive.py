@@ -143,6 +143,19 @@ def named(who: str, fn: Callable, *args, **kwargs):
     raise type(e)(f"{who}: {msg}") from None
 
 
+def check_fp8_weight(w, who: str) -> None:
+  """What the FP8 kernel families (tensorwise, block-scaled) need of a QuantizedArray weight
+  ``w`` beyond its format: float8_e4m3fn elements, and N a multiple of ``shapes.N_ALIGN``
+  (16-byte aligned output rows); errors name ``who``'s argument w."""
+  n = w.canonical_shape[0]
+  if np.dtype(w.dtype) != shapes.F8E4M3:
+    raise TypeError(f"{who}: w must have float8_e4m3fn elements (the FP8 kernels take e4m3 weights), "
+                    f"got {np.dtype(w.dtype).name}; quantize(w, {w.format.name!r}) with the default dtype")
+  if n % shapes.N_ALIGN:
+    raise ValueError(f"{who}: N (w's rows) must be a multiple of {shapes.N_ALIGN} for {w.format.name} "
+                     f"weights (16-byte aligned output rows), got {n}")
+
+
 def caller_of(params, default: tuple) -> tuple:
   """The ``(function, a argument, b argument)`` a primitive's parameters name (``CALLER``), or
   ``default``."""

@@ -310,12 +310,7 @@ def dot(x, w: QuantizedArray, *, bias, out_dtype, config, splits, x_format="fp8_
   if x_format not in X_FORMATS:
     raise ValueError(f"{who}: x_format must be one of {X_FORMATS} for a {w.format.name} weight (x is "
                      f"quantized to fp8_1x128 either way), got {x_format!r}")
-  if np.dtype(w.dtype) != shapes.F8E4M3:
-    raise TypeError(f"{who}: w must have float8_e4m3fn elements (the block-scaled kernels are e4m3 x "
-                    f"e4m3), got {np.dtype(w.dtype).name}")
-  if n % shapes.N_ALIGN:
-    raise ValueError(f"{who}: N (w's rows) must be a multiple of {shapes.N_ALIGN} for {w.format.name} "
-                     f"weights (16-byte aligned output rows), got {n}")
+  primitive.check_fp8_weight(w, who)
   if isinstance(x, QuantizedArray):
     if x.format.name != "fp8_1x128":
       raise ValueError(f"{who}: x has format {x.format.name!r}, which cannot multiply a "

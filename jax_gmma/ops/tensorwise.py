@@ -229,15 +229,10 @@ def dot(x, w: QuantizedArray, *, bias, out_dtype, x_format, fast_accum, config, 
   has checked w's fields, x's dtype and K, bias and out_dtype; this checks what the family
   adds (e4m3 weight elements, K a multiple of 16, N of 8), naming ``who``'s arguments x and w."""
   n, k = w.canonical_shape
-  if np.dtype(w.dtype) != shapes.F8E4M3:
-    raise TypeError(f"{who}: w must have float8_e4m3fn elements (the FP8 kernels take e4m3 weights), "
-                    f"got {np.dtype(w.dtype).name}; quantize(w, {w.format.name!r}) with the default dtype")
+  primitive.check_fp8_weight(w, who)
   if k % shapes.K_ALIGN:
     raise ValueError(f"{who}: K (w's contraction length, x.shape[-1]) must be a multiple of "
                      f"{shapes.K_ALIGN} for {w.format.name} weights (16-byte aligned fp8 rows), got {k}")
-  if n % shapes.N_ALIGN:
-    raise ValueError(f"{who}: N (w's rows) must be a multiple of {shapes.N_ALIGN} for {w.format.name} "
-                     f"weights (16-byte aligned output rows), got {n}")
   if isinstance(x, QuantizedArray):
     if x.format.name not in WEIGHT_FORMATS:
       raise ValueError(f"{who}: x has format {x.format.name!r}, which cannot multiply a "
