@@ -1101,6 +1101,18 @@ def _float_operand(v, name: str, who: str, what: str):
   return a
 
 
+def _x_array(x, who: str, allowed, kind: str, dtypes: str, hint: str = ""):
+  """``x`` as an array of one of the ``allowed`` dtypes, else a TypeError naming ``who``'s x:
+  ``kind`` says what x must be when it is no array, ``dtypes`` when its dtype is not allowed."""
+  try:
+    arr = jnp.asarray(x)
+  except TypeError:
+    raise TypeError(f"{who}: x must be {kind}, got {type(x).__name__}") from None
+  if np.dtype(arr.dtype) not in allowed:
+    raise TypeError(f"{who}: x must be {dtypes}, got {np.dtype(arr.dtype).name}{hint}")
+  return arr
+
+
 def _gemm(x, w, *, x_scale, bias, out_dtype, rows, tokens, k_warps, path, who):
   if not isinstance(w, PackedWeight):
     raise TypeError(f"{who}: w must be a PackedWeight (jax_gmma.weightonly.prepare(w, 'nvfp4')), "
@@ -1109,15 +1121,10 @@ def _gemm(x, w, *, x_scale, bias, out_dtype, rows, tokens, k_warps, path, who):
   if isinstance(x, (QuantizedArray, PackedWeight)):
     raise TypeError(f"{who}: x must be an array (a QuantizedArray x goes through jax_gmma.dot), got "
                     f"{type(x).__name__}")
-  try:
-    x = jnp.asarray(x)
-  except TypeError:
-    raise TypeError(f"{who}: x must be a bfloat16, float8_e4m3fn or float8_e5m2 array, got "
-                    f"{type(x).__name__}") from None
+  x = _x_array(x, who, X_DTYPES, "a bfloat16, float8_e4m3fn or float8_e5m2 array",
+               "bfloat16, float8_e4m3fn or float8_e5m2",
+               " (cast float32/float16 activations to bfloat16 explicitly)")
   xdt = np.dtype(x.dtype)
-  if xdt not in X_DTYPES:
-    raise TypeError(f"{who}: x must be bfloat16, float8_e4m3fn or float8_e5m2, got {xdt.name} "
-                    "(cast float32/float16 activations to bfloat16 explicitly)")
   if x.ndim < 1 or not _same_dim(x.shape[-1], w.k):
     raise ValueError(f"{who}: x must be (..., K) with K = {w.k} (w's K), got shape {x.shape}")
   lead = tuple(x.shape[:-1])
@@ -1256,16 +1263,11 @@ def dot(x, w, *, bias, out_dtype, **_):
     default_out = shapes.BF16
     x_arr, xs = x.data, x.scales
   else:
-    try:
-      x_arr = jnp.asarray(x)
-    except TypeError:
-      raise TypeError(f"{who}: x must be a float array or a QuantizedArray, got "
-                      f"{type(x).__name__}") from None
+    x_arr = _x_array(x, who, DOT_X_DTYPES, "a float array or a QuantizedArray",
+                     "a float array (bfloat16, float16, float32, float8_e4m3fn, float8_e5m2) to "
+                     "multiply a PackedWeight", " (nothing is cast: integer, bool and complex x "
+                     "are refused)")
     dt = np.dtype(x_arr.dtype)
-    if dt not in DOT_X_DTYPES:
-      raise TypeError(f"{who}: x must be a float array (bfloat16, float16, float32, float8_e4m3fn, "
-                      f"float8_e5m2) to multiply a PackedWeight, got {dt.name} (nothing is cast: "
-                      "integer, bool and complex x are refused)")
     default_out = dt if dt in (shapes.F16, shapes.F32) else shapes.BF16
     if dt in (shapes.F16, shapes.F32):
       x_arr = x_arr.astype(jnp.bfloat16)
