@@ -465,14 +465,10 @@ def prepare(w, format: Optional[str] = None) -> PackedWeight:
   if not isinstance(w, QuantizedArray):
     if format is None:
       raise ValueError(f"{who}: format must be one of {WEIGHT_FORMATS} for a float weight, got None")
-    try:
-      w = jnp.asarray(w)
-    except TypeError:
-      raise TypeError(f"{who}: w must be a float (N, K) array or a QuantizedArray of a weight-only "
-                      f"format {WEIGHT_FORMATS}, got {type(w).__name__}") from None
-    if np.dtype(w.dtype) not in W_DTYPES:
-      raise TypeError(f"{who}: w must be a float (bfloat16, float16, float32) (N, K) array or a "
-                      f"QuantizedArray of a weight-only format, got {np.dtype(w.dtype).name}")
+    w = _array_of(w, "w", who, W_DTYPES,
+                  f"a float (N, K) array or a QuantizedArray of a weight-only format {WEIGHT_FORMATS}",
+                  "a float (bfloat16, float16, float32) (N, K) array or a QuantizedArray of a "
+                  "weight-only format")
     if w.ndim != 2:
       raise ValueError(f"{who}: w must be a 2-D (N, K) weight, got shape {w.shape}")
     _check_nk(who, *w.shape)
@@ -1087,30 +1083,24 @@ def _out_dtype(out_dtype, allowed, who: str):
   return dt
 
 
-def _float_operand(v, name: str, who: str, what: str):
-  """jnp array of ``v``, refused unless a real bfloat16 / float16 / float32 array."""
+def _array_of(v, name: str, who: str, allowed, kind: str, dtypes: str, hint: str = ""):
+  """``v`` (argument ``name``) as an array of one of the ``allowed`` dtypes, else a TypeError
+  naming ``who``'s ``name``: ``kind`` says what it must be when it is no array, ``dtypes`` when
+  its dtype is not allowed (nothing is cast)."""
   try:
     a = jnp.asarray(v)
   except TypeError:
-    raise TypeError(f"{who}: {name} must be a float (bfloat16, float16, float32) {what}, got "
-                    f"{type(v).__name__}") from None
-  if np.dtype(a.dtype) not in SCALE_DTYPES:
-    raise TypeError(f"{who}: {name} must be a float (bfloat16, float16, float32) {what}, got "
-                    f"{np.dtype(a.dtype).name} (nothing is cast: integer, bool and complex values "
-                    "are refused)")
+    raise TypeError(f"{who}: {name} must be {kind}, got {type(v).__name__}") from None
+  if np.dtype(a.dtype) not in allowed:
+    raise TypeError(f"{who}: {name} must be {dtypes}, got {np.dtype(a.dtype).name}{hint}")
   return a
 
 
-def _x_array(x, who: str, allowed, kind: str, dtypes: str, hint: str = ""):
-  """``x`` as an array of one of the ``allowed`` dtypes, else a TypeError naming ``who``'s x:
-  ``kind`` says what x must be when it is no array, ``dtypes`` when its dtype is not allowed."""
-  try:
-    arr = jnp.asarray(x)
-  except TypeError:
-    raise TypeError(f"{who}: x must be {kind}, got {type(x).__name__}") from None
-  if np.dtype(arr.dtype) not in allowed:
-    raise TypeError(f"{who}: x must be {dtypes}, got {np.dtype(arr.dtype).name}{hint}")
-  return arr
+def _float_operand(v, name: str, who: str, what: str):
+  """jnp array of ``v``, refused unless a real bfloat16 / float16 / float32 array."""
+  kind = f"a float (bfloat16, float16, float32) {what}"
+  return _array_of(v, name, who, SCALE_DTYPES, kind, kind,
+                   " (nothing is cast: integer, bool and complex values are refused)")
 
 
 def _gemm(x, w, *, x_scale, bias, out_dtype, rows, tokens, k_warps, path, who):
@@ -1121,9 +1111,9 @@ def _gemm(x, w, *, x_scale, bias, out_dtype, rows, tokens, k_warps, path, who):
   if isinstance(x, (QuantizedArray, PackedWeight)):
     raise TypeError(f"{who}: x must be an array (a QuantizedArray x goes through jax_gmma.dot), got "
                     f"{type(x).__name__}")
-  x = _x_array(x, who, X_DTYPES, "a bfloat16, float8_e4m3fn or float8_e5m2 array",
-               "bfloat16, float8_e4m3fn or float8_e5m2",
-               " (cast float32/float16 activations to bfloat16 explicitly)")
+  x = _array_of(x, "x", who, X_DTYPES, "a bfloat16, float8_e4m3fn or float8_e5m2 array",
+                "bfloat16, float8_e4m3fn or float8_e5m2",
+                " (cast float32/float16 activations to bfloat16 explicitly)")
   xdt = np.dtype(x.dtype)
   if x.ndim < 1 or not _same_dim(x.shape[-1], w.k):
     raise ValueError(f"{who}: x must be (..., K) with K = {w.k} (w's K), got shape {x.shape}")
@@ -1263,10 +1253,10 @@ def dot(x, w, *, bias, out_dtype, **_):
     default_out = shapes.BF16
     x_arr, xs = x.data, x.scales
   else:
-    x_arr = _x_array(x, who, DOT_X_DTYPES, "a float array or a QuantizedArray",
-                     "a float array (bfloat16, float16, float32, float8_e4m3fn, float8_e5m2) to "
-                     "multiply a PackedWeight", " (nothing is cast: integer, bool and complex x "
-                     "are refused)")
+    x_arr = _array_of(x, "x", who, DOT_X_DTYPES, "a float array or a QuantizedArray",
+                      "a float array (bfloat16, float16, float32, float8_e4m3fn, float8_e5m2) to "
+                      "multiply a PackedWeight", " (nothing is cast: integer, bool and complex x "
+                      "are refused)")
     dt = np.dtype(x_arr.dtype)
     default_out = dt if dt in (shapes.F16, shapes.F32) else shapes.BF16
     if dt in (shapes.F16, shapes.F32):
