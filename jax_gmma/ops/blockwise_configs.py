@@ -28,14 +28,27 @@ _ALL = [
     KernelConfig("swap_64x16x128_pingpong", (64, 16, 128), (1, 1), "pingpong", True, False, "2lvl"),
     KernelConfig("swap_64x32x128_pingpong", (64, 32, 128), (1, 1), "pingpong", True, False, "2lvl"),
     KernelConfig("swap_64x64x128_pingpong", (64, 64, 128), (1, 1), "pingpong", True, False, "2lvl"),
+    # The weight-streaming kernel (cpp/sm90_fp8_gemm_blockwise_stream.cu): 16 weight rows x 8 or
+    # 16 tokens per CTA on mma.sync, K split over the CTA's 4-16 warps; tile (16, tokens, 128).
+    KernelConfig("stream_16x8_kw4", (16, 8, 128), (1, 1), "stream", True, False, "2lvl"),
+    KernelConfig("stream_16x8_kw8", (16, 8, 128), (1, 1), "stream", True, False, "2lvl"),
+    KernelConfig("stream_16x8_kw16", (16, 8, 128), (1, 1), "stream", True, False, "2lvl"),
+    KernelConfig("stream_16x16_kw4", (16, 16, 128), (1, 1), "stream", True, False, "2lvl"),
+    KernelConfig("stream_16x16_kw8", (16, 16, 128), (1, 1), "stream", True, False, "2lvl"),
 ]
 CONFIGS = {c.name: c for c in _ALL}
 
 
+def is_stream(cfg: KernelConfig) -> bool:
+  """Whether a config is the weight-streaming mma.sync kernel (any M; K a multiple of 32)."""
+  return cfg.schedule == "stream"
+
+
 def config_variants(cfg: KernelConfig) -> tuple:
-  """Scale variants a config is compiled for. A swap-AB tile puts the weights along the
-  kernel's M, where 128x128 scales need a multiple of 128 rows: 64-row swap tiles are 1d1d only."""
-  if cfg.swap_ab and cfg.tile[0] % 128:
+  """Scale variants a config is compiled for. A swap-AB wgmma tile puts the weights along the
+  kernel's M, where 128x128 scales need a multiple of 128 rows: 64-row swap tiles are 1d1d only.
+  The streaming kernel reads a scale per row, so it serves both."""
+  if cfg.swap_ab and cfg.tile[0] % 128 and not is_stream(cfg):
     return ("1d1d",)
   return VARIANTS
 
@@ -93,6 +106,36 @@ MIN_WAVE_EFFICIENCY = 0.85
 STREAM_K_HEURISTIC = 0
 
 
+#: The weight-streaming kernel serves M up to this (measured, see select_stream_config).
+STREAM_MAX_M = 16
+#: From 9 tokens on, the streaming kernel's 16-token CTAs win only while the weight is small.
+STREAM_16_MAX_WEIGHT_BYTES = 32 << 20
+
+
+def select_stream_config(problem: BlockwiseProblem, sm_count: int) -> Optional[str]:
+  """The weight-streaming config for a decode problem, or None where the wgmma swap tiles are
+  as fast: K a multiple of 32 (the kernel's 32-K blocks) and M <= 8, or M <= STREAM_MAX_M with
+  at most STREAM_16_MAX_WEIGHT_BYTES of weight. 8-token CTAs with more warps along K the fewer
+  16-row strips N has (16 up to one strip per SM, 8 up to two, else 4); 16-token CTAs with 4.
+
+  Measured on the H200 (``jax_gmma.dot`` on bf16 x in chains of 16 dependent GEMMs, distinct
+  weights, µs per GEMM, streaming vs the swap 128x16 wgmma tile; measured 2026-12-04):
+  M = 1: 4096x4096 15.0 vs 22.7, 6144x4096 31.4 vs 40.5, 4096x14336 35.7 vs 41.3,
+  28672x4096 49.9 vs 53.3, 8192x8192 34.2 vs 34.3; M = 8: 4096x4096 17.5 vs 21.9, 6144x4096
+  18.6 vs 28.4, 4096x14336 32.1 vs 36.1, 28672x4096 49.0 vs 50.8, 8192x8192 33.9 vs 34.4;
+  M = 16 (16-token CTAs, 4 warps): 4096x4096 17.8 vs 20.6, 6144x4096 22.8 vs 30.8, but
+  4096x14336 44.2 vs 36.7, 28672x4096 61.4 vs 52.1, 8192x8192 53.1 vs 36.6; at M = 32 and 64
+  the wgmma tiles win everywhere (4096x4096, M = 32: 23.5 vs 29.2)."""
+  m, n, k = problem.m, problem.n, problem.k
+  if k % 32 or m > STREAM_MAX_M:
+    return None
+  strips = -(-n // 16)
+  if m <= 8:
+    kw = 16 if strips <= sm_count else (8 if strips <= 2 * sm_count else 4)
+    return f"stream_16x8_kw{kw}"
+  return "stream_16x16_kw4" if n * k <= STREAM_16_MAX_WEIGHT_BYTES else None
+
+
 def select_blockwise_config(problem: BlockwiseProblem, sm_count: int, *, config: Optional[str] = None,
                             splits: Optional[int] = None) -> tuple:
   """Returns (KernelConfig, splits) for a block-scaled problem on a GPU with `sm_count` SMs.
@@ -100,7 +143,8 @@ def select_blockwise_config(problem: BlockwiseProblem, sm_count: int, *, config:
   splits: 1 = data-parallel, > 1 = split-K (deterministic reduction), 0 = CUTLASS's stream-K
   heuristic (stream-K configs only).
 
-  Decode (M <= 64): swap-AB with the smallest N tile covering M. 1d1d: 64-row ping-pong tiles
+  Decode: the weight-streaming kernel where select_stream_config picks it (M <= 16), else
+  (M <= 64) swap-AB with the smallest N tile covering M. 1d1d: 64-row ping-pong tiles
   when N gives at least half the SMs a tile, else 128-row cooperative tiles with K split until
   the weight stream covers the SMs; 1d2d: always the 128-row cooperative tiles (64-row tiles
   cannot carry 128x128 scales), split by wave efficiency. Otherwise: 128x128 cooperative when
@@ -113,7 +157,10 @@ def select_blockwise_config(problem: BlockwiseProblem, sm_count: int, *, config:
     cfg = get_config(config, problem.variant)
   else:
     m = problem.m
-    if m <= 64:
+    stream = select_stream_config(problem, sm_count) if splits in (None, 1) else None
+    if stream is not None:
+      cfg = CONFIGS[stream]
+    elif m <= 64:
       tn = 16 if m <= 16 else 32 if m <= 32 else 64
       cfg = CONFIGS[f"swap_128x{tn}x128_coop_streamk"]
       if problem.variant == "1d1d":

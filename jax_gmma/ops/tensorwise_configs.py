@@ -21,6 +21,7 @@ class KernelConfig:
   tile: tuple          # kernel (M, N, K) tile; with swap_ab the kernel's M is the problem's N
   cluster: tuple       # (x, y)
   schedule: str        # "cooperative" | "pingpong" | "warp-specialized" (one consumer warpgroup, not persistent)
+                       # | "stream" (the mma.sync weight-streaming kernel, block-scaled family)
   swap_ab: bool        # computes D^T = B A^T: small problem M becomes the kernel's N tile
   stream_k: bool       # stream-K scheduler (supports split-K with deterministic reduction)
   accum: str           # "2lvl": fp32 promotion every 128 K (precise) | "fast": wgmma accumulators only
