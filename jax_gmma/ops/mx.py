@@ -364,7 +364,9 @@ def resolve_path(arch: Optional[str], problem: MxProblem, path: Optional[str]) -
     if path not in PATHS:
       raise ValueError(f"mx_gemm: path must be one of {PATHS} or None (automatic), got {path!r}")
     return path
-  if arch == "sm_90a" and problem.m >= SM90_DEQUANT_MIN_M and kernel_configs(arch, problem):
+  # (a symbolic M -- jax.export -- takes the kernel path, whose lowering refuses it by name)
+  if (arch == "sm_90a" and shapes.is_constant_dim(problem.m) and problem.m >= SM90_DEQUANT_MIN_M
+      and kernel_configs(arch, problem)):
     return "dequant"
   return "kernel"
 
