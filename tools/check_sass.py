@@ -125,8 +125,10 @@ def main():
   # Block-scaled family (sm90 FP8 blockwise-scaling mainloop), counted apart.
   n_block = sum("BlockwiseFP8" in f.split("\n", 1)[0] for f in kernels)
   n_mx = sum("mxf8_gemm_kernel" in f.split("\n", 1)[0] for f in kernels)
-  # The MXFP8 weight-streaming decode kernels (mma.sync, no TMA): tensor-core MMAs, no spills.
-  stream = [f for f in funcs if "sm90_mxf8_stream" in f.split("\n", 1)[0]]
+  # The FP8 weight-streaming decode kernels (cpp/include/jax_gmma/fp8_stream.cuh; MXFP8 and
+  # 1x128 x 128x128 / 1x128 policies; mma.sync, no TMA): tensor-core MMAs, no spills.
+  stream = [f for f in funcs if "fp8_stream" in f.split("\n", 1)[0] and "stream_kernel" in f.split("\n", 1)[0]]
+  n_stream_mx = sum("sm90_mxf8_stream" in f.split("\n", 1)[0] for f in stream)
   for f in stream:
     name = f.split("\n", 1)[0][:80]
     if not re.search(r"\bHMMA\b", f):
@@ -134,7 +136,8 @@ def main():
     if re.search(r"\bSTL\b", f):
       bad.append(f"{name}: local-memory stores (register spills)")
   print(f"check_sass: {len(kernels)} GEMM kernels ({n_block} block-scaled 1x128, {n_mx} MXFP8), "
-        f"all QGMMA + UTMALDG; {len(stream)} MXFP8 streaming kernels, all HMMA"
+        f"all QGMMA + UTMALDG; {len(stream)} FP8 streaming kernels ({n_stream_mx} MXFP8, "
+        f"{len(stream) - n_stream_mx} block-scaled 1x128), all HMMA"
         if not bad else "\n".join(bad))
   return 1 if bad or not kernels else 0
 
