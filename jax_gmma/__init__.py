@@ -27,7 +27,7 @@ from .ops.quantize import dequantize, quantize
 from .ops.tensorwise import fp8_gemm, fp8_gemm_p, fp8_gemm_reference
 from .ops.tensorwise_configs import KernelConfig, select_config
 from .ops.weightonly import PackedWeight, weightonly_gemm
-from .api import dot, export_disabled_checks, scaled_matmul
+from .api import dot, export_disabled_checks, ragged_dot, scaled_matmul
 from .train import fp8_linear
 from . import checkpoint
 
@@ -42,5 +42,5 @@ __all__ = [
     "BlockwiseProblem", "fp8_blockwise_problem", "blockwise_configs",
     "mx", "mx_gemm", "mx_gemm_p",
     "weightonly", "weightonly_gemm", "PackedWeight", "fp8_linear", "NotDifferentiable",
-    "export_disabled_checks", "checkpoint",
+    "export_disabled_checks", "checkpoint", "ragged_dot",
 ]

@@ -1,5 +1,6 @@
 """The public entry points on QuantizedArrays / PackedWeights: :func:`dot` (asks the op families
-of :mod:`jax_gmma.ops` which one multiplies the weight) and :func:`scaled_matmul`
+of :mod:`jax_gmma.ops` which one multiplies the weight), :func:`ragged_dot` (the grouped GEMM of
+mixture-of-experts layers, :mod:`jax_gmma.ops.grouped`) and :func:`scaled_matmul`
 (``jax.nn.scaled_matmul`` on the block-scaled families)."""
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from .arrays import QuantizedArray, check_leaves
 from .numerics import shapes
 from .numerics.formats import E8M0
 from .ops import blockwise, mx, tensorwise
+from .ops.grouped import ragged_dot
 from .ops.weightonly import PackedWeight, unpack
 
 
@@ -75,14 +77,7 @@ def dot(x, w: QuantizedArray, *, bias=None, out_dtype=None, x_format: str = "fp8
       raise ValueError(f"{who}: contraction mismatch: x has K={x.k}, w has K={k}")
     return _dot_impl(x, w, bias=bias, out_dtype=out_dtype, x_format=x_format, fast_accum=fast_accum,
                      config=config, splits=splits)
-  try:
-    x = jnp.asarray(x)
-  except TypeError:
-    raise TypeError(f"{who}: x must be a floating array (bfloat16, float16, float32) or a "
-                    f"jax_gmma.QuantizedArray, got {type(x).__name__}") from None
-  if np.dtype(x.dtype) not in primitive.FLOAT_DTYPES:
-    raise TypeError(f"{who}: x must be a floating array (bfloat16, float16, float32) or a "
-                    f"jax_gmma.QuantizedArray, got {np.dtype(x.dtype).name}")
+  x = primitive.float_activation(x, who)
   if x.ndim < 1:
     raise ValueError(f"{who}: x must have rank >= 1, (..., K) with K = {k}, got a scalar")
   if x.shape[-1] != k:

@@ -33,7 +33,7 @@ from .numerics import shapes
 from ._compat import Primitive, ShapedArray, apply_primitive
 
 __all__ = ["define", "Op", "OPS", "NotDifferentiable", "ffi_with_workspace", "FLOAT_DTYPES",
-           "dtype_name", "check_float", "out_dtype_or_error", "check_bias", "check_splits",
+           "dtype_name", "check_float", "float_activation", "out_dtype_or_error", "check_bias", "check_splits",
            "caller_of", "named", "CALLER"]
 
 #: The float dtypes of the GEMMs' float operands (activations, bias) and outputs.
@@ -89,6 +89,21 @@ def check_float(dtype, who: str, name: str, allowed=None, what: str = "array") -
   if not jnp.issubdtype(dt, jnp.floating):
     raise TypeError(f"{who}: {name} must be floating point (a real floating {what}), got {dt.name}")
   return dt
+
+
+def float_activation(x, who: str):
+  """``x`` as a JAX array of bfloat16, float16 or float32: what a GEMM entry point that also
+  takes a QuantizedArray activation accepts as a float one; anything else is a TypeError
+  naming ``who``."""
+  try:
+    x = jnp.asarray(x)
+  except TypeError:
+    raise TypeError(f"{who}: x must be a floating array (bfloat16, float16, float32) or a "
+                    f"jax_gmma.QuantizedArray, got {type(x).__name__}") from None
+  if np.dtype(x.dtype) not in FLOAT_DTYPES:
+    raise TypeError(f"{who}: x must be a floating array (bfloat16, float16, float32) or a "
+                    f"jax_gmma.QuantizedArray, got {np.dtype(x.dtype).name}")
+  return x
 
 
 def out_dtype_or_error(out_dtype, who: str, allowed=FLOAT_DTYPES, name: str = "out_dtype") -> np.dtype:

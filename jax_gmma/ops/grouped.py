@@ -1,0 +1,395 @@
+"""Grouped (ragged) GEMM for mixture-of-experts: :func:`ragged_dot`, ``jax.lax.ragged_dot`` on
+quantized expert weights.
+
+``ragged_dot(x, w, group_sizes)``: x (M, K) holds the tokens sorted by expert, w the G stacked
+expert weights (G, N, K), group_sizes (G,) how many consecutive rows of x each expert takes;
+row i of the (M, N) result is ``x[i] @ dequantize(w[g]).T (+ bias[g])`` for its expert g.
+
+Which rows an expert takes (``jax.lax.ragged_dot``'s rule, values as they are, under
+``jax.jit`` too): with ``end = cumsum(group_sizes)`` and ``start = end - group_sizes``, row i
+belongs to expert g when ``start[g] <= i < end[g]``, and its result is the sum over the experts
+it belongs to. For sizes >= 0 that sum to at most M every row belongs to at most one expert and
+the rows from ``sum(group_sizes)`` on belong to none: they are zeros (no bias). A total above M
+cuts the last experts short; a negative size gives an empty expert and moves the following
+experts' rows back, so that some rows belong to two experts and get both products, exactly as
+``jax.lax.ragged_dot`` computes. Nothing is checked on the values (they are usually traced).
+A non-finite weight or bias of one expert never reaches rows outside that expert.
+
+The primitive ``jax_gmma_ragged_dot`` takes the quantized operands (x's and w's arrays, the group
+sizes, the bias). Its reference (the default lowering, every platform) dequantizes both in
+float32 and sums, per expert, the masked dense product (float32, precision HIGHEST), then casts: G
+dense products of all M rows, one expert at a time (memory M x N), a reference, not a fast path.
+There is no CUDA kernel yet: on a CUDA GPU the op raises :class:`~jax_gmma.KernelUnavailable`
+when it is traced, unless the reference is allowed (``jax_gmma.allow_reference()``).
+"""
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from .. import _vma, batching, primitive
+from ..arrays import QuantizedArray, check_leaves, dequantize
+from ..numerics import shapes
+from . import blockwise, quantize, tensorwise, weightonly
+from .weightonly import PackedWeight
+
+WHO = "jax_gmma.ragged_dot"
+_CALLER = ("ragged_dot", "x", "w")
+#: QuantizedArray expert-weight formats and the formats of x for each (a float x is quantized on
+#: the fly to the first, or to ``x_format``; a QuantizedArray x must be one of them): what
+#: ``jax_gmma.dot`` does for the same weight.
+X_FORMATS = {**{f: tensorwise.ACTIVATION_FORMATS for f in tensorwise.WEIGHT_FORMATS},
+             **{f: ("fp8_1x128",) for f in blockwise.WEIGHT_FORMATS}, "mxfp8": ("mxfp8",)}
+#: FP4 / FP6 expert weights (PackedWeight): x is multiplied in bfloat16, or is an FP8
+#: QuantizedArray of these formats (widened exactly).
+PACKED_X_FORMATS = ("bf16",) + weightonly.ACTIVATION_FORMATS
+WEIGHT_FORMATS = tuple(X_FORMATS) + weightonly.WEIGHT_FORMATS
+_F32 = jnp.float32
+
+
+# -- the reference --------------------------------------------------------------------------
+
+def group_masks(group_sizes, m):
+  """(G, M) bool: whether row i belongs to group g (``start[g] <= i < end[g]``, ``end =
+  cumsum(group_sizes)``, ``start = end - group_sizes``: jax.lax.ragged_dot's rule)."""
+  end = jnp.cumsum(group_sizes.astype(jnp.int32))
+  start = end - group_sizes.astype(jnp.int32)
+  rows = lax.broadcasted_iota(jnp.int32, (1, m), 1)
+  return (start[:, None] <= rows) & (rows < end[:, None])
+
+
+def grouped_product(a, b, mask, bias=None):
+  """``sum_g where(mask[g], a @ b[g].T (+ bias[g]), 0)`` in float32 (precision HIGHEST):
+  a (M, K), b (G, N, K), mask (G, M), bias None or (G, N) -> (M, N). One group at a time
+  (``lax.scan``): memory M x N, whatever G."""
+  def step(acc, mb):
+    mg, bg = mb[0], mb[1]
+    p = lax.dot_general(a, bg, (((1,), (1,)), ((), ())), precision=lax.Precision.HIGHEST,
+                        preferred_element_type=_F32)
+    if bias is not None:
+      p = p + mb[2][None, :]
+    return acc + jnp.where(mg[:, None], p, 0.0), None
+  xs = (mask, b) if bias is None else (mask, b, bias)
+  out, _ = lax.scan(step, jnp.zeros((a.shape[0], b.shape[1]), _F32), xs)
+  return out
+
+
+def group_sums(g, mask):
+  """(G, N) float32: per group, the sum of the rows of g (M, N) that belong to it."""
+  return lax.map(lambda mg: jnp.sum(jnp.where(mg[:, None], g, 0.0), axis=0), mask)
+
+
+def dequantized_x(x):
+  """x (a float (M, K) array or a QuantizedArray of an (M, K) operand) in float32, (M, K)."""
+  if isinstance(x, QuantizedArray):
+    return jnp.moveaxis(dequantize(x, _F32), x.axis, -1)
+  return x.astype(_F32)
+
+
+def dequantized_w(w):
+  """Expert weights in float32, (G, N, K): a (G, N, K) QuantizedArray, or a QuantizedArray /
+  PackedWeight of one (N, K) expert whose arrays carry a leading expert axis (stacked)."""
+  if isinstance(w, PackedWeight):
+    return jax.vmap(weightonly.dequantize_packed)(w)
+  if len(w.shape) == 3:
+    return jnp.moveaxis(dequantize(w, _F32), w.axis, -1)
+  return jnp.moveaxis(jax.vmap(dequantize)(w), w.axis + 1, -1)
+
+
+def ragged_dot_reference(*args, x_tree, w_tree, out_dtype, has_bias, **_):
+  """The primitive's reference: args = x's arrays, w's arrays, group_sizes, bias."""
+  nx, nw = x_tree.num_leaves, w_tree.num_leaves
+  x = dequantized_x(jax.tree.unflatten(x_tree, args[:nx]))
+  w = dequantized_w(jax.tree.unflatten(w_tree, args[nx:nx + nw]))
+  group_sizes, bias = args[nx + nw:]
+  mask = group_masks(group_sizes, x.shape[0])
+  out = grouped_product(x, w, mask, bias.astype(_F32) if has_bias else None)
+  return out.astype(out_dtype)
+
+
+def _abstract_eval(*avals, n, out_dtype, **_):
+  return _vma.out_aval((avals[0].shape[0], n), out_dtype, *avals)
+
+
+def _kernel_missing(ctx, params):
+  return (f"no grouped GEMM kernel for {params['fmt']} expert weights in this version (the op has "
+          "its pure-JAX reference only)")
+
+
+def _kernel(ctx, *args, **params):
+  raise AssertionError(f"{WHO}: no kernel (kernel_missing always gives a reason)")
+
+
+RAGGED_DOT = primitive.define(
+    "jax_gmma_ragged_dot", abstract_eval=_abstract_eval, reference=ragged_dot_reference,
+    user_fn=WHO, kernel=_kernel, kernel_missing=_kernel_missing, op="ragged_dot",
+    vmap=batching.map_rule, graph_safe=False)  # no FFI call yet: nothing to declare
+ragged_dot_p = RAGGED_DOT.p
+
+
+# -- argument checks ------------------------------------------------------------------------
+
+def _rename(e, who_was: str, who: str):
+  return type(e)(str(e).replace(who_was, who, 1))
+
+
+def _expert_view(w, g: int) -> QuantizedArray:
+  """An abstract QuantizedArray of one (N, K) expert of ``w`` (its arrays with the leading
+  expert axis dropped): the constructor checks them against the format."""
+  leaves = (w.data, jax.eval_shape(lambda q: q.scales, w), w.global_scale)
+  for name, a in zip(("data", "scales", "global_scale"), leaves):
+    if a is not None and (len(a.shape) < 1 or a.shape[0] != g):
+      raise ValueError(f"{WHO}: w.{name} must have the leading expert axis ({g},) of w.data, got "
+                       f"shape {tuple(a.shape)}")
+  one = [None if a is None else jax.ShapeDtypeStruct(a.shape[1:], a.dtype) for a in leaves]
+  try:
+    return QuantizedArray(*one, format=w.format, shape=tuple(w.canonical_shape[-2:]), dtype=w.dtype,
+                          layout=w.layout)
+  except (TypeError, ValueError) as e:
+    raise _rename(e, "jax_gmma.QuantizedArray:", f"{WHO}: w (one expert):") from None
+
+
+def _stack(ws):
+  """A list / tuple of G expert weights (QuantizedArrays of (N, K), or PackedWeights) as one
+  weight whose arrays carry a leading expert axis."""
+  if not ws:
+    raise ValueError(f"{WHO}: w must hold at least one expert, got an empty {type(ws).__name__}")
+  kind = type(ws[0])
+  if kind not in (QuantizedArray, PackedWeight) or any(type(e) is not kind for e in ws):
+    raise TypeError(f"{WHO}: a list of expert weights must hold only QuantizedArrays or only "
+                    f"PackedWeights, got {', '.join(sorted({type(e).__name__ for e in ws}))}")
+  for i, e in enumerate(ws):
+    if kind is PackedWeight:
+      try:
+        e.check_layout(WHO)
+      except (TypeError, ValueError) as err:
+        raise _rename(err, f"{WHO}: w.", f"{WHO}: w[{i}].") from None
+    else:
+      check_leaves(e, f"{WHO}: w[{i}]")
+      if len(e.canonical_shape) != 2:
+        raise ValueError(f"{WHO}: w[{i}] must be an (N, K) expert weight, got shape {e.shape}")
+  if kind is PackedWeight:
+    ws = [e.with_fp8_exact(None) for e in ws]
+  trees = {jax.tree.structure(e) for e in ws}
+  if len(trees) > 1:
+    raise ValueError(f"{WHO}: the experts in w must share format, shape, dtype and layout, got "
+                     f"{', '.join(sorted({repr(e) for e in ws}))}")
+  return jax.tree.map(lambda *a: jnp.stack(a), *ws)
+
+
+def check_weight(w):
+  """(w as the primitive takes it, family, G, N, K) of expert weights w, else the error."""
+  if isinstance(w, (list, tuple)):
+    w = _stack(w)
+  if isinstance(w, PackedWeight):
+    if len(w.packed.shape) != 4:
+      raise ValueError(f"{WHO}: w must be a PackedWeight of G experts (w.packed (G, N / 16, Kp / 64, "
+                       f"bytes)), got w.packed of shape {tuple(w.packed.shape)}; prepare the experts "
+                       f"with jax.vmap(lambda e: jax_gmma.weightonly.prepare(e, {w.format!r}))(w) or "
+                       "pass a list of them")
+    g = w.packed.shape[0]
+    for name in ("packed", "scales", "global_scale"):
+      if getattr(w, name).shape[:1] != (g,):
+        raise ValueError(f"{WHO}: w.{name} must have the leading expert axis ({g},) of w.packed, "
+                         f"got shape {tuple(getattr(w, name).shape)}")
+    one = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), w)
+    one.check_layout(WHO)
+    return w, "weightonly", int(g), w.n, w.k
+  if not isinstance(w, QuantizedArray):
+    raise TypeError(f"{WHO}: w must be the stacked expert weights: a jax_gmma.QuantizedArray of a "
+                    "(G, N, K) array (jax_gmma.quantize(w, 'fp8_channel')), a PackedWeight of G "
+                    "experts (jax.vmap of jax_gmma.weightonly.prepare) or a list of G expert weights, "
+                    f"got {type(w).__name__}")
+  fmt = w.format.name
+  if fmt in weightonly.WEIGHT_FORMATS:
+    raise ValueError(f"{WHO}: w has format {fmt!r}: FP4 / FP6 expert weights are multiplied as "
+                     f"PackedWeights: jax.vmap(lambda e: jax_gmma.weightonly.prepare(e, {fmt!r}))(w)")
+  if fmt not in X_FORMATS:
+    raise ValueError(f"{WHO}: w has format {fmt!r}; supported expert-weight formats: "
+                     f"{', '.join(WEIGHT_FORMATS)}")
+  rank = len(w.canonical_shape)
+  stacked = rank == 2 and w.data is not None and len(w.data.shape) == 3
+  if rank == 3:
+    check_leaves(w, f"{WHO}: w")
+    if fmt == "fp8_tensor":
+      raise ValueError(f"{WHO}: w is an fp8_tensor QuantizedArray of shape {w.shape}: one scale for "
+                       "all experts; expert weights need one scale per expert: jax.vmap(lambda e: "
+                       "jax_gmma.quantize(e, 'fp8_tensor'))(w), or a list of per-expert weights")
+  elif not stacked:
+    raise ValueError(f"{WHO}: w must be the stacked expert weights (G, N, K) (canonical, K last), "
+                     f"got a QuantizedArray of shape {w.shape}")
+  g = int(w.data.shape[0])
+  one = _expert_view(w, g)
+  n, k = one.canonical_shape
+  primitive.check_fp8_weight(one, WHO)
+  family = "mx" if fmt == "mxfp8" else "tensorwise" if fmt in tensorwise.WEIGHT_FORMATS else "blockwise"
+  if family != "mx" and k % shapes.K_ALIGN:
+    raise ValueError(f"{WHO}: K (w's contraction length, x.shape[1]) must be a multiple of "
+                     f"{shapes.K_ALIGN} for {fmt} weights (16-byte aligned fp8 rows), got {k}")
+  return w, family, g, int(n), int(k)
+
+
+def _check_x(x, family: str, fmt: str, k: int, x_format):
+  """(x, format x is quantized to or None, default out dtype), else the error."""
+  allowed = PACKED_X_FORMATS if family == "weightonly" else X_FORMATS[fmt]
+  if x_format is not None and not isinstance(x_format, str):
+    raise TypeError(f"{WHO}: x_format must be None or a format name (str), got {x_format!r}")
+  if isinstance(x, QuantizedArray):
+    check_leaves(x, f"{WHO}: x")
+    xf = x.format.name
+    if xf not in allowed or xf == "bf16":
+      raise ValueError(f"{WHO}: x has format {xf!r}, which cannot multiply {fmt} expert weights; use "
+                       f"{' or '.join(a for a in allowed if a != 'bf16')} (or pass a float x)")
+    if x_format not in (None, xf):
+      raise ValueError(f"{WHO}: x_format applies to a float x; x is already {xf} (pass "
+                       f"x_format=None), got {x_format!r}")
+    wide = family in ("tensorwise", "weightonly")
+    if np.dtype(x.dtype) not in ((shapes.F8E4M3, shapes.F8E5M2) if wide else (shapes.F8E4M3,)):
+      raise TypeError(f"{WHO}: x must have float8_e4m3fn elements{' (or float8_e5m2)' if wide else ''}"
+                      f" for {fmt} expert weights, got {np.dtype(x.dtype).name}")
+    shape = x.canonical_shape
+    if len(shape) != 2:
+      raise ValueError(f"{WHO}: x must be an (M, K) operand (rank 2), got shape {x.shape}")
+    if shape[1] != k:
+      raise ValueError(f"{WHO}: contraction mismatch: x has K={shape[1]}, w has K={k}")
+    return x, None, shapes.BF16
+  x = primitive.float_activation(x, WHO)
+  if x.ndim != 2:
+    raise ValueError(f"{WHO}: x must be (M, K) (rank 2: the tokens sorted by expert), got shape "
+                     f"{tuple(x.shape)}")
+  if x.shape[1] != k:
+    raise ValueError(f"{WHO}: contraction mismatch: x.shape[1] = {x.shape[1]} must equal w's K = {k} "
+                     f"(x is (M, K), w (G, N, K)), got x shape {tuple(x.shape)}")
+  if shapes.is_constant_dim(x.shape[0]) and x.shape[0] >= 2**31:
+    raise ValueError(f"{WHO}: x's rows M must be < 2**31, got {x.shape[0]}")
+  floats = ("bf16",) if family == "weightonly" else allowed
+  if x_format is not None and x_format not in floats:
+    raise ValueError(f"{WHO}: x_format must be None or one of {floats} for {fmt} expert weights, "
+                     f"got {x_format!r}")
+  return x, x_format or floats[0], np.dtype(x.dtype)
+
+
+def _check_group_sizes(group_sizes, g: int):
+  kind = f"an integer (int32) array of shape (G,) = ({g},), one size per expert of w"
+  try:
+    gs = jnp.asarray(group_sizes)
+  except TypeError:
+    raise TypeError(f"{WHO}: group_sizes must be {kind}, got {type(group_sizes).__name__}") from None
+  if not jnp.issubdtype(gs.dtype, jnp.integer):
+    raise TypeError(f"{WHO}: group_sizes must be {kind}, got {np.dtype(gs.dtype).name}")
+  if tuple(gs.shape) != (g,):
+    raise ValueError(f"{WHO}: group_sizes must have shape (G,) = ({g},) (w holds G = {g} experts), "
+                     f"got shape {tuple(gs.shape)}")
+  return gs.astype(jnp.int32)
+
+
+def _check_bias(bias, g: int, n: int):
+  if bias is None:
+    return None
+  try:
+    bias = jnp.asarray(bias)
+  except TypeError:
+    raise TypeError(f"{WHO}: bias must be a floating (G, N) array, got {type(bias).__name__}") from None
+  primitive.check_float(bias.dtype, WHO, "bias", what="(G, N) array")
+  if tuple(bias.shape) != (g, n):
+    raise ValueError(f"{WHO}: bias must have shape (G, N) = ({g}, {n}) (one row per expert), got "
+                     f"{tuple(bias.shape)}")
+  return bias
+
+
+# -- the op ---------------------------------------------------------------------------------
+
+def _forward(x, w, group_sizes, bias, static):
+  out_dtype, x_fmt, fmt, n = static
+  if x_fmt == "bf16":
+    x = x.astype(jnp.bfloat16)
+  elif x_fmt is not None:
+    x = quantize.quantize(x, x_fmt)
+  xl, x_tree = jax.tree.flatten(x)
+  wl, w_tree = jax.tree.flatten(w)
+  b = jnp.zeros((1,), out_dtype) if bias is None else bias.astype(out_dtype)
+  return ragged_dot_p.bind(*xl, *wl, group_sizes, b, x_tree=x_tree, w_tree=w_tree, fmt=fmt, n=n,
+                           out_dtype=np.dtype(out_dtype), has_bias=bias is not None,
+                           **{primitive.CALLER: _CALLER})
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _ragged(x, w, group_sizes, bias, static):
+  return _forward(x, w, group_sizes, bias, static)
+
+
+def _ragged_fwd(x, w, group_sizes, bias, static):
+  x_like = None if isinstance(x, QuantizedArray) else _vma.like(x)
+  return _forward(x, w, group_sizes, bias, static), (w, group_sizes, bias, x_like)
+
+
+def _ragged_bwd(static, res, g):
+  w, group_sizes, bias, x_like = res
+  g = g.astype(_F32)
+  mask = group_masks(group_sizes, g.shape[0])
+  dx = db = None
+  if x_like is not None:  # straight through the quantization of x; the weights are constants
+    dx = grouped_product(g, jnp.swapaxes(dequantized_w(w), 1, 2), mask)
+    dx = _vma.match(dx.astype(x_like.dtype), x_like)
+  if bias is not None:
+    db = _vma.match(group_sums(g, mask).astype(bias.dtype), bias)
+  return dx, None, None, db
+
+
+_ragged.defvjp(_ragged_fwd, _ragged_bwd)
+
+
+def ragged_dot(x, w, group_sizes, *, bias=None, out_dtype=None, x_format: Optional[str] = None,
+               group_offset=None):
+  """``jax.lax.ragged_dot`` with quantized expert weights (mixture-of-experts): row i of the
+  (M, N) result is ``x[i] @ dequantize(w)[g].T + bias[g]`` for the expert g whose group holds
+  row i (see the module docstring for the rule, for every value of group_sizes).
+
+  Args:
+    x: (M, K) tokens sorted by expert: bfloat16, float16 or float32, quantized on the fly as
+      ``jax_gmma.dot`` does for w's format (``x_format``), or a QuantizedArray of an (M, K)
+      operand in one of those formats.
+    w: the G expert weights, K last: a QuantizedArray of the (G, N, K) array (formats
+      fp8_channel, fp8_128x128, fp8_1x128, mxfp8: one set of scales per expert, as
+      ``jax_gmma.quantize`` makes them), or a QuantizedArray of one (N, K) expert whose arrays
+      carry a leading expert axis (``jax.vmap(lambda e: jax_gmma.quantize(e, fmt))(w)``: the
+      form of fp8_tensor, one scale per expert), or FP4 / FP6 experts (nvfp4, mxfp4,
+      mxfp6_e2m3, mxfp6_e3m2) as a PackedWeight of G experts
+      (``jax.vmap(lambda e: jax_gmma.weightonly.prepare(e, fmt))(w)``), or a list / tuple of G
+      expert weights (QuantizedArrays of (N, K) or PackedWeights of one format and shape,
+      stacked here).
+    group_sizes: (G,) integer array (int32; other integer dtypes are converted to int32), on
+      the device: it may be traced under jax.jit and is never read on the host.
+    bias: None or (G, N) float, added per expert in float32 (rounded to out_dtype first).
+    out_dtype: bfloat16, float16 or float32; default x's dtype (bfloat16 for a QuantizedArray x).
+    x_format: how a float x is quantized: fp8_tensor / fp8_channel weights: "fp8_channel" (one
+      scale per token, the default) or "fp8_tensor"; fp8_128x128 / fp8_1x128 weights:
+      "fp8_1x128"; mxfp8 weights: "mxfp8"; PackedWeight experts: "bf16" (x rounded to bfloat16).
+    group_offset: None only (``jax.lax.ragged_dot`` does not implement it either).
+
+  Differentiable with respect to a float x and bias (``jax.grad``): the quantization of x
+  passes gradients straight through, the weights are constants; the backward pass is the
+  grouped product of the cotangent with the dequantized weights in float32 (pure JAX).
+
+  Shape, dtype and format rules are checked before anything runs, naming the argument. No CUDA
+  kernel yet: on a CUDA GPU this raises KernelUnavailable unless the reference is allowed
+  (``jax_gmma.allow_reference()``); elsewhere the reference runs.
+  """
+  if group_offset is not None:
+    raise NotImplementedError(f"{WHO}: group_offset must be None (jax.lax.ragged_dot does not "
+                              f"implement it either), got {group_offset!r}")
+  w, family, g, n, k = check_weight(w)
+  fmt = w.format if isinstance(w, PackedWeight) else w.format.name
+  x, x_fmt, default_out = _check_x(x, family, fmt, k, x_format)
+  group_sizes = _check_group_sizes(group_sizes, g)
+  bias = _check_bias(bias, g, n)
+  out_dtype = default_out if out_dtype is None else primitive.out_dtype_or_error(out_dtype, WHO)
+  m = x.canonical_shape[0] if isinstance(x, QuantizedArray) else x.shape[0]
+  if shapes.is_constant_dim(m) and m == 0:
+    return jnp.zeros((0, n), out_dtype)
+  return _ragged(x, w, group_sizes, bias, (np.dtype(out_dtype), x_fmt, fmt, n))

@@ -1,0 +1,306 @@
+"""jax_gmma.ragged_dot: the grouped GEMM of mixture-of-experts layers on quantized expert weights
+(CPU: the pure-JAX reference), against a float64 NumPy product of the dequantized operands;
+jit with traced group sizes, vmap, grad, bias, out dtypes, the errors, and the CUDA lowering's
+refusal without a kernel (Hopper faked on CPU)."""
+import os
+import re
+import zlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import export
+
+import jax_gmma
+from jax_gmma import QuantizedArray
+from jax_gmma.ops import grouped
+
+G, N, K, M = 5, 48, 160, 40
+#: group sizes with empty experts (1 and 3) and 8 unassigned rows at the end
+SIZES = (9, 0, 17, 0, 6)
+FP8 = ("fp8_tensor", "fp8_channel", "fp8_128x128", "fp8_1x128", "mxfp8")
+PACKED = ("nvfp4", "mxfp4", "mxfp6_e2m3", "mxfp6_e3m2")
+FORMATS = FP8 + PACKED
+#: relative Frobenius error against the float product of the unquantized operands
+TRUTH_TOL = {"nvfp4": 0.15, "mxfp4": 0.18, "mxfp6_e2m3": 0.05, "mxfp6_e3m2": 0.09}
+#: relative Frobenius error against the float64 product of the dequantized operands
+DEQ_TOL = 1e-5
+
+
+#: fresh inputs per test and format; JAX_GMMA_TEST_SEED varies them all
+_SEED = int(os.environ.get("JAX_GMMA_TEST_SEED", "0"))
+
+
+def _rng(fmt, salt=0):
+  return np.random.default_rng([zlib.crc32(f"{fmt}/{salt}".encode()), _SEED])
+
+
+def _weights(fmt, w):
+  """Stacked expert weights of the (G, N, K) float array w in format fmt."""
+  if fmt == "fp8_tensor":  # one scale per expert
+    return jax.vmap(lambda e: jax_gmma.quantize(e, fmt))(w)
+  if fmt in PACKED:
+    return jax.vmap(lambda e: jax_gmma.weightonly.prepare(e, fmt))(w)
+  return jax_gmma.quantize(w, fmt)
+
+
+def _inputs(fmt, salt=0, m=M):
+  rng = _rng(fmt, salt)
+  w = (rng.standard_normal((G, N, K)) * (1 + np.arange(G)).reshape(G, 1, 1)).astype(np.float32)
+  x = rng.standard_normal((m, K)).astype(np.float32)
+  bias = rng.standard_normal((G, N)).astype(np.float32)
+  return x, w, _weights(fmt, jnp.asarray(w)), bias
+
+
+def _dequantized_w(wq):
+  return np.asarray(grouped.dequantized_w(wq), np.float64)
+
+
+def _x_as_multiplied(fmt, x, x_format=None):
+  """x as the op multiplies it (quantized on the fly as jax_gmma.dot does), float64."""
+  if fmt in PACKED:
+    return np.asarray(jnp.asarray(x).astype(jnp.bfloat16), np.float64)
+  xf = x_format or grouped.X_FORMATS[fmt][0]
+  return np.asarray(jax_gmma.quantize(x, xf).dequantize(), np.float64)
+
+
+def _masks(sizes, m):
+  end = np.cumsum(sizes)
+  start = end - np.asarray(sizes)
+  rows = np.arange(m)
+  return (start[:, None] <= rows) & (rows < end[:, None])
+
+
+def _ref64(x, w, sizes, bias=None):
+  """float64: row i gets x[i] @ w[g].T (+ bias[g]) for every group g holding it."""
+  out = np.zeros((x.shape[0], w.shape[1]))
+  for g, mg in enumerate(_masks(sizes, x.shape[0])):
+    out += np.where(mg[:, None], x @ w[g].T + (0 if bias is None else bias[g]), 0)
+  return out
+
+
+def _same(a, b):
+  np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+
+
+def _relerr(a, b):
+  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+  return np.linalg.norm(a - b) / np.linalg.norm(b)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_matches_float64_of_dequantized_operands(fmt):
+  x, w, wq, bias = _inputs(fmt)
+  y = jax_gmma.ragged_dot(x, wq, jnp.asarray(SIZES, jnp.int32), bias=bias, out_dtype=jnp.float32)
+  assert y.shape == (M, N) and y.dtype == jnp.float32
+  used = sum(SIZES)
+  ref = _ref64(_x_as_multiplied(fmt, x), _dequantized_w(wq), SIZES, bias)
+  assert _relerr(y[:used], ref[:used]) < DEQ_TOL
+  truth = _ref64(x.astype(np.float64), w.astype(np.float64), SIZES, bias)
+  assert _relerr(y[:used], truth[:used]) < TRUTH_TOL.get(fmt, 0.06)
+  assert not np.asarray(y[used:]).any()  # rows past sum(group_sizes): exactly zero
+
+
+def test_list_of_experts_equals_stacked():
+  x, w, wq, _ = _inputs("fp8_channel", 1)
+  experts = [jax_gmma.quantize(w[g], "fp8_channel") for g in range(G)]
+  _same(jax_gmma.ragged_dot(x, experts, SIZES), jax_gmma.ragged_dot(x, wq, SIZES))
+  packed = [jax_gmma.weightonly.prepare(w[g], "mxfp4") for g in range(G)]
+  _same(jax_gmma.ragged_dot(x, packed, SIZES), jax_gmma.ragged_dot(x, _weights("mxfp4", jnp.asarray(w)), SIZES))
+
+
+def test_quantized_x_and_x_format():
+  x, _, wq, _ = _inputs("fp8_channel", 2)
+  for xf in ("fp8_channel", "fp8_tensor"):
+    y = jax_gmma.ragged_dot(x, wq, SIZES, x_format=xf, out_dtype=jnp.float32)
+    yq = jax_gmma.ragged_dot(jax_gmma.quantize(x, xf), wq, SIZES, out_dtype=jnp.float32)
+    _same(y, yq)
+    ref = _ref64(_x_as_multiplied("fp8_channel", x, xf), _dequantized_w(wq), SIZES)
+    assert _relerr(y, ref) < DEQ_TOL
+  assert jax_gmma.ragged_dot(jax_gmma.quantize(x, "fp8_channel"), wq, SIZES).dtype == jnp.bfloat16
+
+
+@pytest.mark.parametrize("fmt", ("fp8_1x128", "mxfp6_e2m3"))
+def test_jit_traced_group_sizes_one_compile(fmt):
+  x, _, wq, bias = _inputs(fmt, 3)
+  traces = []
+
+  @jax.jit
+  def f(x, wq, sizes, bias):
+    traces.append(1)
+    return jax_gmma.ragged_dot(x, wq, sizes, bias=bias, out_dtype=jnp.float32)
+
+  wd, xd = _dequantized_w(wq), _x_as_multiplied(fmt, x)
+  for sizes in ((9, 0, 17, 0, 6), (0, 40, 0, 0, 0), (1, 2, 3, 4, 5), (0, 0, 0, 0, 0)):
+    y = f(x, wq, jnp.asarray(sizes, jnp.int32), bias)
+    ref = _ref64(xd, wd, sizes, bias)
+    np.testing.assert_allclose(np.asarray(y), ref, rtol=1e-5, atol=1e-4 * np.abs(ref).max(initial=1.0))
+    assert not np.asarray(y[sum(sizes):]).any()
+  assert len(traces) == 1
+
+
+def test_vmap_over_x_and_group_sizes():
+  x, _, wq, bias = _inputs("fp8_channel", 4)
+  xs = np.stack([x, x[::-1], 2 * x])
+  sizes = jnp.asarray([SIZES, (40, 0, 0, 0, 0), (3, 3, 3, 3, 3)], jnp.int32)
+  ys = jax.jit(jax.vmap(lambda x, s: jax_gmma.ragged_dot(x, wq, s, bias=bias)))(xs, sizes)
+  assert ys.shape == (3, M, N)
+  for i in range(3):
+    _same(ys[i], jax_gmma.ragged_dot(xs[i], wq, sizes[i], bias=bias))
+
+
+@pytest.mark.parametrize("fmt", ("fp8_channel", "fp8_128x128", "mxfp8", "nvfp4"))
+def test_grad_x_and_bias(fmt):
+  x, _, wq, bias = _inputs(fmt, 5)
+  c = _rng(fmt, 6).standard_normal((M, N)).astype(np.float32)
+  sizes = jnp.asarray(SIZES, jnp.int32)
+
+  def loss(x, b):
+    return jnp.sum(jax_gmma.ragged_dot(x, wq, sizes, bias=b, out_dtype=jnp.float32) * c)
+
+  dx, db = jax.jit(jax.grad(loss, argnums=(0, 1)))(x, bias)
+  assert dx.dtype == jnp.float32 and db.dtype == jnp.float32
+  wd = _dequantized_w(wq)
+  masks = _masks(SIZES, M)
+  dx64 = sum(np.where(mg[:, None], c @ wd[g], 0) for g, mg in enumerate(masks))
+  db64 = np.stack([np.where(mg[:, None], c, 0).sum(0) for mg in masks])
+  assert _relerr(dx, dx64) < 1e-5 and _relerr(db, db64) < 1e-6
+  assert not np.asarray(dx[sum(SIZES):]).any()
+
+  # jax.grad of the same computation in float (lax.ragged_dot on the dequantized weights)
+  wt = jnp.swapaxes(jnp.asarray(wd, jnp.float32), 1, 2)
+
+  def float_loss(x, b):
+    y = jax.lax.ragged_dot(x, wt, sizes, precision="highest") + jnp.asarray(masks.T, jnp.float32) @ b
+    return jnp.sum(y * c)
+
+  fdx, fdb = jax.grad(float_loss, argnums=(0, 1))(x, bias)
+  assert _relerr(dx, fdx) < 1e-5 and _relerr(db, fdb) < 1e-6
+
+
+def test_bias_and_out_dtypes():
+  x, _, wq, bias = _inputs("fp8_1x128", 7)
+  ref = _ref64(_x_as_multiplied("fp8_1x128", x), _dequantized_w(wq), SIZES, bias)
+  for dt, tol in ((jnp.float32, 1e-5), (jnp.bfloat16, 1e-2), (jnp.float16, 2e-3)):
+    y = jax_gmma.ragged_dot(x, wq, SIZES, bias=jnp.asarray(bias).astype(dt), out_dtype=dt)
+    assert y.dtype == dt and _relerr(y, ref) < tol
+    assert jax_gmma.ragged_dot(x.astype(dt), wq, SIZES).dtype == dt  # default: x's dtype
+  no_bias = jax_gmma.ragged_dot(x, wq, SIZES, out_dtype=jnp.float32)
+  assert _relerr(no_bias, _ref64(_x_as_multiplied("fp8_1x128", x), _dequantized_w(wq), SIZES)) < 1e-5
+
+
+def test_group_size_values_follow_lax_ragged_dot():
+  """Negative sizes and totals above M: jax.lax.ragged_dot's rule, under jit."""
+  x, _, wq, _ = _inputs("mxfp8", 8)
+  xd = jnp.asarray(_x_as_multiplied("mxfp8", x), jnp.float32)
+  wt = jnp.swapaxes(jnp.asarray(_dequantized_w(wq), jnp.float32), 1, 2)
+  f = jax.jit(lambda s: jax_gmma.ragged_dot(x, wq, s, out_dtype=jnp.float32))
+  for sizes in ((30, -5, 10, 0, 3), (20, 20, 20, 0, 0), (50, 0, 0, 0, 0), (-3, 10, 0, 0, 0)):
+    s = jnp.asarray(sizes, jnp.int32)
+    lax_y = jax.lax.ragged_dot(xd, wt, s, precision="highest")
+    np.testing.assert_allclose(np.asarray(f(s)), np.asarray(lax_y), rtol=1e-5, atol=1e-4 * float(jnp.abs(lax_y).max()))
+
+
+def test_nonfinite_expert_stays_in_its_rows():
+  x, w, _, bias = _inputs("fp8_channel", 9)
+  w[1, 0, 0] = np.nan
+  bias[3, 0] = np.inf
+  y = np.asarray(jax_gmma.ragged_dot(x, jax_gmma.quantize(w, "fp8_channel"), (9, 4, 17, 0, 6), bias=bias))
+  assert np.isnan(y[9:13, 0]).all() and np.isfinite(np.delete(y, np.s_[9:13], axis=0)).all()
+
+
+def test_no_rows():
+  _, _, wq, bias = _inputs("fp8_channel", 10)
+  y = jax_gmma.ragged_dot(np.zeros((0, K), np.float32), wq, SIZES, bias=bias)
+  assert y.shape == (0, N) and y.dtype == jnp.float32
+
+
+# -- errors: before anything runs, naming jax_gmma.ragged_dot, the argument and the rule ----------
+
+def _err_cases():
+  rng = np.random.default_rng(20)
+  w = rng.standard_normal((G, N, K)).astype(np.float32)
+  x = rng.standard_normal((M, K)).astype(np.float32)
+  wq = jax_gmma.quantize(w, "fp8_channel")
+  s = np.asarray(SIZES, np.int32)
+  rd = jax_gmma.ragged_dot
+  stacked = jax.vmap(lambda e: jax_gmma.quantize(e, "fp8_tensor"))(w)
+  children, tree = jax.tree_util.tree_flatten(stacked, is_leaf=lambda v: v is None)
+  short = jax.tree_util.tree_unflatten(tree, [children[0], children[1][:2], children[2]])
+  return {
+      "x-rank": (lambda: rd(x[None], wq, s), ValueError, ("x must be (M, K)",)),
+      "x-int": (lambda: rd(x.astype(np.int32), wq, s), TypeError, ("x must be a floating array",)),
+      "x-k": (lambda: rd(x[:, :144], wq, s), ValueError, ("contraction mismatch", "x.shape[1] = 144")),
+      "x-format": (lambda: rd(x, wq, s, x_format="mxfp8"), ValueError, ("x_format", "fp8_channel")),
+      "x-quantized-format": (lambda: rd(jax_gmma.quantize(x, "fp8_1x128"), wq, s), ValueError,
+                             ("x has format 'fp8_1x128'",)),
+      "w-float": (lambda: rd(x, w, s), TypeError, ("w must be the stacked expert weights",)),
+      "w-2d": (lambda: rd(x, jax_gmma.quantize(w[0], "fp8_channel"), s), ValueError,
+               ("w must be the stacked expert weights (G, N, K)",)),
+      "w-tensor-global": (lambda: rd(x, jax_gmma.quantize(w, "fp8_tensor"), s), ValueError,
+                          ("one scale for all experts", "jax.vmap")),
+      "w-nvfp4-quantized": (lambda: rd(x, jax_gmma.quantize(w, "nvfp4"), s), ValueError,
+                            ("w has format 'nvfp4'", "prepare")),
+      "w-packed-one": (lambda: rd(x, jax_gmma.weightonly.prepare(w[0], "nvfp4"), s), ValueError,
+                       ("PackedWeight of G experts", "w.packed of shape (3, 3, 512)")),
+      "w-leading-axis": (lambda: rd(x, short, s), ValueError, ("w.scales", "leading expert axis")),
+      "w-e5m2": (lambda: rd(x, jax_gmma.quantize(w, "fp8_channel", dtype=jnp.float8_e5m2), s), TypeError,
+                 ("w must have float8_e4m3fn",)),
+      "w-n-align": (lambda: rd(x, jax_gmma.quantize(w[:, :20], "fp8_channel"), s), ValueError,
+                    ("N (w's rows) must be a multiple of 8",)),
+      "w-k-align": (lambda: rd(x[:, :40], jax_gmma.quantize(w[:, :, :40], "fp8_1x128"), s), ValueError,
+                    ("K", "multiple of 16")),
+      "w-mixed-list": (lambda: rd(x, [jax_gmma.quantize(w[0], "fp8_channel"),
+                                      jax_gmma.quantize(w[1], "fp8_1x128")], s[:2]), ValueError,
+                       ("experts in w must share format",)),
+      "sizes-float": (lambda: rd(x, wq, s.astype(np.float32)), TypeError, ("group_sizes", "integer")),
+      "sizes-bool": (lambda: rd(x, wq, s > 0), TypeError, ("group_sizes", "integer", "bool")),
+      "sizes-g": (lambda: rd(x, wq, s[:4]), ValueError, ("group_sizes must have shape (G,) = (5,)",)),
+      "sizes-rank": (lambda: rd(x, wq, s[None]), ValueError, ("group_sizes must have shape (G,)",)),
+      "bias-shape": (lambda: rd(x, wq, s, bias=np.zeros(N, np.float32)), ValueError,
+                     ("bias must have shape (G, N) = (5, 48)",)),
+      "bias-int": (lambda: rd(x, wq, s, bias=np.zeros((G, N), np.int32)), TypeError,
+                   ("bias must be floating point",)),
+      "out-dtype": (lambda: rd(x, wq, s, out_dtype=jnp.int32), TypeError, ("out_dtype",)),
+      "group-offset": (lambda: rd(x, wq, s, group_offset=jnp.zeros((1,), jnp.int32)), NotImplementedError,
+                       ("group_offset must be None",)),
+  }
+
+
+_CASES = _err_cases()
+
+
+@pytest.mark.parametrize("case", sorted(_CASES))
+def test_bad_input_is_refused(case):
+  call, error, names = _CASES[case]
+  with pytest.raises(error) as info:
+    call()
+  msg = str(info.value)
+  assert msg.startswith("jax_gmma.ragged_dot: "), msg
+  for name in names:
+    assert name in msg, f"{case}: {msg}"
+
+
+def test_errors_hold_under_jit():
+  _, w, wq, _ = _inputs("fp8_channel", 11)
+  f = jax.jit(lambda x, s: jax_gmma.ragged_dot(x, wq, s))
+  with pytest.raises(TypeError, match="^jax_gmma.ragged_dot: group_sizes"):
+    f(np.zeros((M, K), np.float32), jnp.zeros((G,), jnp.float32))
+
+
+# -- the CUDA lowering: no kernel, so a refusal unless the reference is allowed -----------------
+
+def test_cuda_lowering_refuses_without_opt_in(fake_hopper):
+  x, _, wq, bias = _inputs("fp8_1x128", 12)
+  f = jax.jit(lambda x, w, s, b: jax_gmma.ragged_dot(x, w, s, bias=b))
+  args = (x, wq, jnp.asarray(SIZES, jnp.int32), bias)
+  with jax_gmma.allow_reference(False):
+    with pytest.raises(jax_gmma.KernelUnavailable,
+                       match=r"^jax_gmma.ragged_dot: no grouped GEMM kernel for fp8_1x128"):
+      export.export(f, platforms=("cuda",))(*args)
+  with jax_gmma.allow_reference():
+    exported = export.export(f, platforms=("cuda",))(*args)
+  assert exported.platforms == ("cuda",)
+  assert not re.search(r"custom_call @jax_gmma_", exported.mlir_module())  # the reference, no kernel
+  assert exported.out_avals[0].shape == (M, N)
