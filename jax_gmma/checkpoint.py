@@ -45,19 +45,33 @@ float8 tensors: ``safetensors.numpy.save_file`` writes ml_dtypes' float8 arrays 
 / ``F8_E5M2`` / ``F8_E8M0``, but its ``load_file`` (safetensors 0.8) cannot return them; then
 :func:`load` reads the file through ``safetensors.deserialize`` and views the bytes as the
 ml_dtypes type.
+
+Pytrees for array checkpointers. :func:`tree_to_storable` turns any pytree holding
+:class:`~jax_gmma.QuantizedArray` and :class:`~jax_gmma.PackedWeight` leaves into a pytree of
+plain arrays (each object a dict of its array fields, E8M0 scales as their uint8 bytes) plus
+JSON-serialisable metadata (the static fields: format, logical shape, axis, element dtype, scale
+layout; PackedWeight format, N, K, ``fp8_exact`` and layout version); :func:`tree_from_storable`
+is the inverse, bit-exact, rebuilding every object through its checking constructor. Any
+checkpointer that stores a pytree of arrays and a JSON document can then hold quantized models
+(:mod:`jax_gmma.checkpoint_orbax` does it with orbax-checkpoint).
 """
 from __future__ import annotations
 
 import math
 import warnings
-from typing import Dict, Iterable, Optional, Tuple
+from typing import Any, Dict, Iterable, Optional, Tuple
 
 import jax
 import ml_dtypes
 import numpy as np
 
+from ._version import __version__
 from .arrays import QuantizedArray, check_leaves, rowmajor_scales
+from .numerics import layouts, shapes
+from .numerics.codec import jax_supports_dtype
 from .numerics.formats import E2M1 as _E2M1, E4M3 as _E4M3, E5M2 as _E5M2, E8M0 as _E8M0, F32 as _F32
+from .numerics.formats import FORMATS, as_dtype
+from .ops.weightonly import LAYOUT_VERSION, READABLE_LAYOUTS, WEIGHT_FORMATS, PackedWeight
 
 try:
   import safetensors
@@ -66,7 +80,8 @@ except ImportError:  # optional dependency
   safetensors = None
 
 __all__ = ["CONVENTIONS", "DEFAULT_CONVENTION", "from_tensors", "to_tensors", "find_weights",
-           "load", "save"]
+           "load", "save", "STORABLE_VERSION", "is_quantized_leaf", "path_key",
+           "check_storable_metadata", "tree_to_storable", "tree_from_storable"]
 
 #: convention -> the jax-gmma format it imports to.
 CONVENTIONS = {"fp8_block": "fp8_128x128", "fp8_channel": "fp8_channel",
@@ -447,3 +462,267 @@ def save(path, weights: Dict[str, QuantizedArray], metadata: Optional[Dict[str, 
         raise ValueError(f"{_WHO_SAVE}: two weights write tensor {name!r}")
       tensors[name] = a
   safetensors.numpy.save_file(tensors, path, metadata=metadata)
+
+
+# ----------------------------------------------------------------------------
+# pytrees for array checkpointers
+# ----------------------------------------------------------------------------
+#: Version of the metadata :func:`tree_to_storable` writes; :func:`tree_from_storable` reads it
+#: and refuses a newer one.
+STORABLE_VERSION = 1
+_WHO_TO_STORABLE = "jax_gmma.checkpoint.tree_to_storable"
+_WHO_FROM_STORABLE = "jax_gmma.checkpoint.tree_from_storable"
+_QA, _PW = "QuantizedArray", "PackedWeight"
+#: object type -> (its array fields, in pytree order; the keys of its stored dict).
+_FIELDS = {_QA: ("data", "scales", "global_scale"), _PW: ("packed", "scales", "global_scale")}
+
+
+def is_quantized_leaf(x) -> bool:
+  """Whether ``x`` is a :class:`~jax_gmma.QuantizedArray` or a :class:`~jax_gmma.PackedWeight`
+  (the ``is_leaf`` that stops ``jax.tree_util`` at these objects)."""
+  return isinstance(x, (QuantizedArray, PackedWeight))
+
+
+def path_key(path) -> Tuple[str, ...]:
+  """A ``jax.tree_util`` key path as a tuple of str: a dict key as ``str(key)``, a sequence
+  index as ``str(index)``, an attribute as its name. This is how orbax names a leaf, so a tree
+  restored without a target (dicts and lists, int dict keys turned into str) has the paths of
+  the tree that was saved."""
+  out = []
+  for k in path:
+    if isinstance(k, jax.tree_util.DictKey):
+      out.append(str(k.key))
+    elif isinstance(k, jax.tree_util.SequenceKey):
+      out.append(str(k.idx))
+    elif isinstance(k, jax.tree_util.GetAttrKey):
+      out.append(str(k.name))
+    elif isinstance(k, jax.tree_util.FlattenedIndexKey):
+      out.append(str(k.key))
+    else:
+      out.append(str(k))
+  return tuple(out)
+
+
+def _where(key) -> str:
+  return "/".join(key) if key else "the root"
+
+
+def _leaf_dtype(x) -> Optional[np.dtype]:
+  """The NumPy dtype of an array-like leaf (None for other leaves)."""
+  if not (hasattr(x, "shape") and hasattr(x, "dtype")):
+    return None
+  try:
+    return np.dtype(x.dtype)
+  except TypeError:
+    return None
+
+
+def _check_saveable(v, key, who: str) -> None:
+  if isinstance(v, jax.core.Tracer):
+    raise TypeError(f"{who}: the leaf at {_where(key)} is a tracer: save concrete arrays, outside "
+                    "jax.jit / jax.vmap")
+  if isinstance(v, jax.ShapeDtypeStruct):
+    raise TypeError(f"{who}: the leaf at {_where(key)} is a jax.ShapeDtypeStruct (no values to "
+                    "save)")
+
+
+def tree_to_storable(tree, *, raw_dtypes: Iterable = ()) -> Tuple[Any, Dict[str, Any]]:
+  """``(stored, metadata)``: ``tree`` with every QuantizedArray / PackedWeight replaced by a dict
+  of its array fields, and the JSON-serialisable metadata :func:`tree_from_storable` rebuilds
+  them from.
+
+  A QuantizedArray becomes ``{"data", "scales"[, "global_scale"]}`` (the pytree leaves: E8M0
+  scales as their uint8 bytes, no ``global_scale`` key where it is None), a PackedWeight
+  ``{"packed", "scales", "global_scale"}``; other leaves and containers are kept as they are.
+  Arrays of a dtype in ``raw_dtypes`` (1-byte dtypes a storage backend lacks, e.g. the FP6
+  dtypes) are stored as their uint8 bytes (copied to the host) and listed in the metadata.
+
+  ``metadata``: ``{"version": STORABLE_VERSION, "jax_gmma": version, "objects": [...],
+  "raw": [...]}``; each object is ``{"path": [...], "type": "QuantizedArray", "format",
+  "shape", "axis", "dtype", "layout"}`` or ``{"path", "type": "PackedWeight", "format", "n",
+  "k", "fp8_exact", "layout"}``, each raw array ``{"path", "dtype"}``; paths are
+  :func:`path_key` lists. Leaves must be concrete (no tracers)."""
+  who = _WHO_TO_STORABLE
+  raw = set()
+  for d in raw_dtypes:
+    dt = np.dtype(d)
+    if dt.itemsize != 1:
+      raise ValueError(f"{who}: raw_dtypes must be 1-byte dtypes (stored as uint8 bytes), got "
+                       f"{dt.name}")
+    raw.add(dt)
+  objects, raws = [], []
+
+  def store(key, v):
+    dt = _leaf_dtype(v)
+    if dt is not None and dt in raw:
+      _check_saveable(v, key, who)
+      raws.append({"path": list(key), "dtype": dt.name})
+      return _contig(np.asarray(jax.device_get(v))).view(_U8)
+    return v
+
+  def leaf(path, x):
+    key = path_key(path)
+    if not is_quantized_leaf(x):
+      return store(key, x)
+    children, _ = x.tree_flatten()
+    for v in children:
+      if v is not None:
+        _check_saveable(v, key, who)
+    if isinstance(x, QuantizedArray):
+      check_leaves(x, f"{who}: {_where(key)}")
+      if not all(shapes.is_constant_dim(d) for d in x.shape):
+        raise ValueError(f"{who}: the QuantizedArray at {_where(key)} has a symbolic shape "
+                         f"{x.shape}")
+      entry = {"type": _QA, "format": x.format.name, "shape": [int(d) for d in x.shape],
+               "axis": int(x.axis), "dtype": x.dtype.name, "layout": x.layout}
+    else:
+      x.check_layout(f"{who}: {_where(key)}")
+      entry = {"type": _PW, "format": x.format, "n": int(x.n), "k": int(x.k),
+               "fp8_exact": x.fp8_exact, "layout": int(x.layout)}
+    objects.append({"path": list(key), **entry})
+    fields = zip(_FIELDS[entry["type"]], children)
+    return {name: store(key + (name,), v) for name, v in fields if v is not None}
+
+  stored = jax.tree_util.tree_map_with_path(leaf, tree, is_leaf=is_quantized_leaf)
+  meta = {"version": STORABLE_VERSION, "jax_gmma": __version__, "objects": objects, "raw": raws}
+  return stored, meta
+
+
+def check_storable_metadata(metadata, who: str = _WHO_FROM_STORABLE) -> Dict[str, Any]:
+  """``metadata`` (from :func:`tree_to_storable`) checked: a dict of a version this jax_gmma
+  reads, with lists of objects and raw arrays. ``ValueError`` naming ``who`` otherwise."""
+  if not isinstance(metadata, dict) or not isinstance(metadata.get("version"), int):
+    raise ValueError(f"{who}: not jax_gmma checkpoint metadata (a dict with an int 'version', "
+                     f"as tree_to_storable writes), got {type(metadata).__name__}")
+  version = metadata["version"]
+  if version > STORABLE_VERSION or version < 1:
+    raise ValueError(f"{who}: the checkpoint metadata has version {version}, this jax_gmma "
+                     f"{__version__} reads version {STORABLE_VERSION} (written by jax_gmma "
+                     f"{metadata.get('jax_gmma', 'unknown')}: read it with a jax_gmma that "
+                     "knows that version)")
+  for name in ("objects", "raw"):
+    items = metadata.get(name, [])
+    if not isinstance(items, list) or not all(
+        isinstance(e, dict) and isinstance(e.get("path"), list) for e in items):
+      raise ValueError(f"{who}: the checkpoint metadata's {name!r} must be a list of dicts with "
+                       "a 'path' list")
+  return metadata
+
+
+def _unraw(v, dt: Optional[np.dtype], key, who: str):
+  """Leaf ``v`` (a stored uint8 array) viewed as ``dt`` (``v`` itself when ``dt`` is None)."""
+  if dt is None:
+    return v
+  got = _leaf_dtype(v)
+  if got != _U8:
+    raise TypeError(f"{who}: the leaf at {_where(key)} is stored as raw bytes of {dt.name} and "
+                    f"must be uint8, got {got.name if got is not None else type(v).__name__}")
+  if isinstance(v, jax.ShapeDtypeStruct):
+    return jax.ShapeDtypeStruct(v.shape, dt, sharding=v.sharding)
+  host = _contig(np.asarray(jax.device_get(v))).view(dt)
+  if isinstance(v, jax.Array) and jax_supports_dtype(dt):
+    return jax.device_put(host, v.sharding)
+  return host
+
+
+def _as_e8m0(s):
+  """uint8 scale bytes viewed as float8_e8m0fnu (arrays, NumPy arrays and ShapeDtypeStructs)."""
+  if isinstance(s, jax.ShapeDtypeStruct):
+    return jax.ShapeDtypeStruct(s.shape, _E8M0, sharding=s.sharding)
+  if isinstance(s, (np.ndarray, np.generic)):
+    return np.asarray(s).view(_E8M0)
+  return jax.lax.bitcast_convert_type(s, _E8M0)
+
+
+def _newer(what: str, got, known) -> str:
+  return (f"{what} {got!r} is not one this jax_gmma {__version__} knows ({known}); the "
+          "checkpoint may come from a newer jax_gmma")
+
+
+def _build_object(entry: Dict[str, Any], fields: Dict[str, Any], key, who: str):
+  """The QuantizedArray / PackedWeight of metadata ``entry`` from its stored ``fields``."""
+  where = f"{who}: the {entry.get('type')} at {_where(key)}"
+  kind = entry.get("type")
+  if kind not in _FIELDS:
+    raise ValueError(f"{who}: the object at {_where(key)}: "
+                     + _newer("type", kind, ", ".join(_FIELDS)))
+  fmt = entry.get("format")
+  if kind == _QA:
+    if fmt not in FORMATS:
+      raise ValueError(f"{where}: " + _newer("format", fmt, ", ".join(FORMATS)))
+    layout = entry.get("layout")
+    if layout not in layouts.LAYOUT_NAMES:
+      raise ValueError(f"{where}: " + _newer("scale layout", layout,
+                                            ", ".join(layouts.LAYOUT_NAMES)))
+    want = _FIELDS[kind][:3 if FORMATS[fmt].has_global_scale else 2]
+  else:
+    if fmt not in WEIGHT_FORMATS:
+      raise ValueError(f"{where}: " + _newer("format", fmt, ", ".join(WEIGHT_FORMATS)))
+    layout = entry.get("layout")
+    readable = READABLE_LAYOUTS[fmt]
+    if layout not in readable:
+      why = ("a newer jax_gmma wrote it: read it with that version" if isinstance(layout, int)
+             and layout > LAYOUT_VERSION[fmt] else
+             "run jax_gmma.weightonly.prepare on the original weight again")
+      raise ValueError(f"{where} is in {fmt} layout version {layout!r}; this jax_gmma "
+                       f"{__version__} reads version(s) {readable} ({why})")
+    want = _FIELDS[kind]
+  if not isinstance(fields, dict) or sorted(fields) != sorted(want):
+    got = sorted(fields) if isinstance(fields, dict) else type(fields).__name__
+    raise ValueError(f"{where} must be stored as a dict of {list(want)}, got {got}")
+  try:
+    if kind == _QA:
+      scales = fields["scales"]
+      if FORMATS[fmt].scale_dtype == _E8M0 and _leaf_dtype(scales) == _U8:
+        scales = _as_e8m0(scales)
+      return QuantizedArray(fields["data"], scales, fields.get("global_scale"), format=fmt,
+                            shape=tuple(entry["shape"]), axis=entry["axis"],
+                            dtype=as_dtype(entry["dtype"]), layout=layout)
+    return PackedWeight(fields["packed"], fields["scales"], fields["global_scale"], format=fmt,
+                        n=entry["n"], k=entry["k"], fp8_exact=entry.get("fp8_exact"),
+                        layout=layout)
+  except (KeyError, TypeError, ValueError) as e:
+    raise type(e)(f"{where}: {e}") from None
+
+
+def tree_from_storable(stored, metadata, *, who: str = _WHO_FROM_STORABLE):
+  """The inverse of :func:`tree_to_storable`: ``stored`` (any pytree: the one written, or the
+  dicts and lists a checkpointer restores it as) with the dict at each object path of
+  ``metadata`` rebuilt into its QuantizedArray / PackedWeight, and the raw uint8 arrays viewed
+  back as their dtype (copied through the host and put back on the uint8 array's sharding where
+  JAX holds the dtype; NumPy arrays otherwise). Bit-exact.
+
+  Every object goes through its constructor, which checks its fields against its format (the
+  leaves may also be ``jax.ShapeDtypeStruct``: abstract objects). ``who`` names the function in
+  errors: ``ValueError`` for metadata of a newer version, an unknown format, scale layout or
+  PackedWeight layout version, or an object path the tree lacks."""
+  meta = check_storable_metadata(metadata, who)
+  objects = {tuple(str(p) for p in e["path"]): e for e in meta.get("objects", [])}
+  raw = {}
+  for e in meta.get("raw", []):
+    try:
+      raw[tuple(str(p) for p in e["path"])] = as_dtype(e.get("dtype"))
+    except TypeError:
+      raise ValueError(f"{who}: the raw array at {_where(tuple(e['path']))}: "
+                       + _newer("dtype", e.get("dtype"), "ml_dtypes / NumPy dtypes")) from None
+  found = set()
+
+  def rebuild(path, x):
+    key = path_key(path)
+    entry = objects.get(key)
+    if entry is None:
+      return _unraw(x, raw.get(key), key, who)
+    found.add(key)
+    if isinstance(x, dict):
+      x = {str(name): _unraw(v, raw.get(key + (str(name),)), key + (str(name),), who)
+           for name, v in x.items()}
+    return _build_object(entry, x, key, who)
+
+  out = jax.tree_util.tree_map_with_path(rebuild, stored,
+                                         is_leaf=lambda p, _: path_key(p) in objects,
+                                         is_leaf_takes_path=True)
+  missing = [k for k in objects if k not in found]
+  if missing:
+    shown = ", ".join(_where(k) for k in missing[:4]) + (", ..." if len(missing) > 4 else "")
+    raise ValueError(f"{who}: the tree lacks {len(missing)} object(s) the metadata lists: {shown}")
+  return out
