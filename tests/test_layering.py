@@ -28,9 +28,10 @@ LAYERS = {
     "jax_gmma.api": 6, "jax_gmma.checkpoint": 6, "jax_gmma.checkpoint_orbax": 6, "jax_gmma.train": 6,
     "jax_gmma.info": 6, "jax_gmma.__main__": 6,
     "jax_gmma": 7, "jax_gmma.nn": 7,
+    "jax_gmma.qwix_provider": 8,
 }
 #: Modules that need an optional dependency (`import jax_gmma` never imports them).
-OPTIONAL_DEPENDENCY = {"jax_gmma.nn": "flax"}
+OPTIONAL_DEPENDENCY = {"jax_gmma.nn": "flax", "jax_gmma.qwix_provider": "qwix"}
 #: The layers whose modules may import each other (no cycle either way: checked separately).
 ALLOWED_SAME = {0, 2, 4, 5, 6}
 MACHINERY = {"jax_gmma.primitive", "jax_gmma.sharding", "jax_gmma.batching", "jax_gmma._vma"}
