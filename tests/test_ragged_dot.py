@@ -13,7 +13,6 @@ import pytest
 from jax import export
 
 import jax_gmma
-from jax_gmma import QuantizedArray
 from jax_gmma.ops import grouped
 
 G, N, K, M = 5, 48, 160, 40
@@ -202,6 +201,26 @@ def test_group_size_values_follow_lax_ragged_dot():
     np.testing.assert_allclose(np.asarray(f(s)), np.asarray(lax_y), rtol=1e-5, atol=1e-4 * float(jnp.abs(lax_y).max()))
 
 
+def test_inside_shard_map():
+  """Under jax.shard_map (typed manual axes: the reference's scan carries vary like its
+  operands), forward and gradient: the per-device body of expert parallelism."""
+  from jax.sharding import AxisType, PartitionSpec as P
+  x, _, wq, bias = _inputs("fp8_channel", 13)
+  mesh = jax.make_mesh((1,), ("ep",), axis_types=(AxisType.Auto,), devices=jax.devices()[:1])
+  sizes = jnp.asarray(SIZES, jnp.int32)
+
+  def body(x, s, b, w):
+    return jax_gmma.ragged_dot(x, w, s, bias=b, out_dtype=jnp.float32)
+
+  f = jax.shard_map(body, mesh=mesh, in_specs=(P("ep"), P(), P(), P()), out_specs=P("ep"))
+  _same(jax.jit(f)(x, sizes, bias, wq), jax_gmma.ragged_dot(x, wq, sizes, bias=bias, out_dtype=jnp.float32))
+  loss = lambda x, b: jnp.sum(f(x, sizes, b, wq) ** 2)  # noqa: E731
+  dx, db = jax.jit(jax.grad(loss, (0, 1)))(x, bias)
+  want = jax.grad(lambda x, b: jnp.sum(body(x, sizes, b, wq) ** 2), (0, 1))(x, bias)
+  np.testing.assert_allclose(np.asarray(dx), np.asarray(want[0]), rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(db), np.asarray(want[1]), rtol=1e-6, atol=1e-6)
+
+
 def test_nonfinite_expert_stays_in_its_rows():
   x, w, _, bias = _inputs("fp8_channel", 9)
   w[1, 0, 0] = np.nan
@@ -217,69 +236,15 @@ def test_no_rows():
 
 
 # -- errors: before anything runs, naming jax_gmma.ragged_dot, the argument and the rule ----------
+# The refused inputs are the "Grouped GEMM" table of docs/bad-inputs.md (tests/_bad_inputs_ragged.py,
+# run by tests/test_bad_inputs.py); here: every message starts with the function's name.
 
-def _err_cases():
-  rng = np.random.default_rng(20)
-  w = rng.standard_normal((G, N, K)).astype(np.float32)
-  x = rng.standard_normal((M, K)).astype(np.float32)
-  wq = jax_gmma.quantize(w, "fp8_channel")
-  s = np.asarray(SIZES, np.int32)
-  rd = jax_gmma.ragged_dot
-  stacked = jax.vmap(lambda e: jax_gmma.quantize(e, "fp8_tensor"))(w)
-  children, tree = jax.tree_util.tree_flatten(stacked, is_leaf=lambda v: v is None)
-  short = jax.tree_util.tree_unflatten(tree, [children[0], children[1][:2], children[2]])
-  return {
-      "x-rank": (lambda: rd(x[None], wq, s), ValueError, ("x must be (M, K)",)),
-      "x-int": (lambda: rd(x.astype(np.int32), wq, s), TypeError, ("x must be a floating array",)),
-      "x-k": (lambda: rd(x[:, :144], wq, s), ValueError, ("contraction mismatch", "x.shape[1] = 144")),
-      "x-format": (lambda: rd(x, wq, s, x_format="mxfp8"), ValueError, ("x_format", "fp8_channel")),
-      "x-quantized-format": (lambda: rd(jax_gmma.quantize(x, "fp8_1x128"), wq, s), ValueError,
-                             ("x has format 'fp8_1x128'",)),
-      "w-float": (lambda: rd(x, w, s), TypeError, ("w must be the stacked expert weights",)),
-      "w-2d": (lambda: rd(x, jax_gmma.quantize(w[0], "fp8_channel"), s), ValueError,
-               ("w must be the stacked expert weights (G, N, K)",)),
-      "w-tensor-global": (lambda: rd(x, jax_gmma.quantize(w, "fp8_tensor"), s), ValueError,
-                          ("one scale for all experts", "jax.vmap")),
-      "w-nvfp4-quantized": (lambda: rd(x, jax_gmma.quantize(w, "nvfp4"), s), ValueError,
-                            ("w has format 'nvfp4'", "prepare")),
-      "w-packed-one": (lambda: rd(x, jax_gmma.weightonly.prepare(w[0], "nvfp4"), s), ValueError,
-                       ("PackedWeight of G experts", "w.packed of shape (3, 3, 512)")),
-      "w-leading-axis": (lambda: rd(x, short, s), ValueError, ("w.scales", "leading expert axis")),
-      "w-e5m2": (lambda: rd(x, jax_gmma.quantize(w, "fp8_channel", dtype=jnp.float8_e5m2), s), TypeError,
-                 ("w must have float8_e4m3fn",)),
-      "w-n-align": (lambda: rd(x, jax_gmma.quantize(w[:, :20], "fp8_channel"), s), ValueError,
-                    ("N (w's rows) must be a multiple of 8",)),
-      "w-k-align": (lambda: rd(x[:, :40], jax_gmma.quantize(w[:, :, :40], "fp8_1x128"), s), ValueError,
-                    ("K", "multiple of 16")),
-      "w-mixed-list": (lambda: rd(x, [jax_gmma.quantize(w[0], "fp8_channel"),
-                                      jax_gmma.quantize(w[1], "fp8_1x128")], s[:2]), ValueError,
-                       ("experts in w must share format",)),
-      "sizes-float": (lambda: rd(x, wq, s.astype(np.float32)), TypeError, ("group_sizes", "integer")),
-      "sizes-bool": (lambda: rd(x, wq, s > 0), TypeError, ("group_sizes", "integer", "bool")),
-      "sizes-g": (lambda: rd(x, wq, s[:4]), ValueError, ("group_sizes must have shape (G,) = (5,)",)),
-      "sizes-rank": (lambda: rd(x, wq, s[None]), ValueError, ("group_sizes must have shape (G,)",)),
-      "bias-shape": (lambda: rd(x, wq, s, bias=np.zeros(N, np.float32)), ValueError,
-                     ("bias must have shape (G, N) = (5, 48)",)),
-      "bias-int": (lambda: rd(x, wq, s, bias=np.zeros((G, N), np.int32)), TypeError,
-                   ("bias must be floating point",)),
-      "out-dtype": (lambda: rd(x, wq, s, out_dtype=jnp.int32), TypeError, ("out_dtype",)),
-      "group-offset": (lambda: rd(x, wq, s, group_offset=jnp.zeros((1,), jnp.int32)), NotImplementedError,
-                       ("group_offset must be None",)),
-  }
-
-
-_CASES = _err_cases()
-
-
-@pytest.mark.parametrize("case", sorted(_CASES))
-def test_bad_input_is_refused(case):
-  call, error, names = _CASES[case]
-  with pytest.raises(error) as info:
-    call()
-  msg = str(info.value)
-  assert msg.startswith("jax_gmma.ragged_dot: "), msg
-  for name in names:
-    assert name in msg, f"{case}: {msg}"
+def test_bad_input_messages_start_with_the_function():
+  import _bad_inputs_ragged
+  for case_id, case in _bad_inputs_ragged.CASES.items():
+    with pytest.raises(case.error) as info:
+      case.call()
+    assert str(info.value).startswith("jax_gmma.ragged_dot: "), (case_id, str(info.value))
 
 
 def test_errors_hold_under_jit():

@@ -16,15 +16,47 @@ experts' rows back, so that some rows belong to two experts and get both product
 A non-finite weight or bias of one expert never reaches rows outside that expert.
 
 The primitive ``jax_gmma_ragged_dot`` takes the quantized operands (x's and w's arrays, the group
-sizes, the bias). Its reference (the default lowering, every platform) dequantizes both in
-float32 and sums, per expert, the masked dense product (float32, precision HIGHEST), then casts: G
-dense products of all M rows, one expert at a time (memory M x N), a reference, not a fast path.
-There is no CUDA kernel yet: on a CUDA GPU the op raises :class:`~jax_gmma.KernelUnavailable`
-when it is traced, unless the reference is allowed (``jax_gmma.allow_reference()``).
+sizes, the bias) and ``row_ids``, the (M,) int32 index of each row of x in the whole operand
+(``arange(M)``: it tells a shard of the rows where its rows sit in the groups). Its reference
+(the default lowering, every platform) dequantizes both in float32 and sums, per expert, the
+masked dense product (float32, precision HIGHEST), then casts: G dense products of all M rows,
+one expert at a time (memory M x N), a reference, not a fast path. There is no CUDA kernel yet:
+on a CUDA GPU the op raises :class:`~jax_gmma.KernelUnavailable` when it is traced, unless the
+reference is allowed (``jax_gmma.allow_reference()``).
+
+Sharded operands under ``jax.jit`` (:mod:`jax_gmma.sharding`, as for the dense GEMMs): the op
+is partitioned, not gathered, along
+
+- M, the tokens: x (and its per-row scales) split by rows, the result likewise; group_sizes and
+  the weights replicated. The groups are row ranges of the whole M, so each shard applies the
+  group boundaries to the global indices of its rows (its slice of ``row_ids``): exactly the
+  single-device result, no communication. M must split evenly.
+- N, tensor parallelism inside the experts: w (and its scales) split by output features, bias
+  along N, the result along N; every shard holds all G experts' slices. N must split into
+  shards that keep whole scale blocks (fp8_128x128: 128-row blocks; PackedWeight: 16-row
+  strips) and a multiple of 8 rows. Exactly the single-device result, no communication.
+- K, the contraction (not for PackedWeight experts, whose packed K is never split): x and w
+  split along K, in shards of a multiple of 16 for fp8_tensor / fp8_channel weights and of
+  whole 128-K blocks for the block-scaled and mxfp8 ones (their 1x128, 128x128 and 1x32 scale
+  blocks split with K; per-row and per-tensor scales are replicated, they cover the whole K);
+  unpadded K only (a K padded to whole blocks stays whole). Each shard computes its float32
+  partial product without the bias, the partials are summed across the shards (one
+  all-reduce), then each row's expert bias is added once and the result cast: the
+  single-device result up to the order of float32 additions. A float x split along K is
+  quantized first: per-token scales (fp8_channel) cost an all-reduce of the row maxima, while
+  the 1x128 / 1x32 quantization kernel gathers K (with its own warning); pass a QuantizedArray
+  x to keep K split end to end.
+
+The experts G are never split by the op: a weight, bias or group_sizes arriving sharded along G
+is gathered, with a :class:`~jax_gmma.sharding.ShardingWarning`, as is any split a shard could
+not take (the warning says which and why). Expert parallelism (each device holding some of the
+experts, tokens exchanged with an all-to-all) is a model's choice of layout: write it with
+``jax.shard_map`` around ``ragged_dot`` (examples/moe.py shows the pattern).
 """
 from __future__ import annotations
 
 import functools
+import itertools
 from typing import Optional
 
 import jax
@@ -32,7 +64,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .. import _vma, batching, primitive
+from .. import _vma, batching, primitive, sharding
 from ..arrays import QuantizedArray, check_leaves, dequantize
 from ..numerics import shapes
 from . import blockwise, quantize, tensorwise, weightonly
@@ -54,12 +86,17 @@ _F32 = jnp.float32
 
 # -- the reference --------------------------------------------------------------------------
 
-def group_masks(group_sizes, m):
+def group_masks(group_sizes, rows):
   """(G, M) bool: whether row i belongs to group g (``start[g] <= i < end[g]``, ``end =
-  cumsum(group_sizes)``, ``start = end - group_sizes``: jax.lax.ragged_dot's rule)."""
+  cumsum(group_sizes)``, ``start = end - group_sizes``: jax.lax.ragged_dot's rule). ``rows``:
+  the number of rows M (rows 0 .. M - 1), or an (M,) int32 array of the rows' indices in the
+  whole operand (a shard of the rows)."""
   end = jnp.cumsum(group_sizes.astype(jnp.int32))
   start = end - group_sizes.astype(jnp.int32)
-  rows = lax.broadcasted_iota(jnp.int32, (1, m), 1)
+  if len(getattr(rows, "shape", ())) == 1:
+    rows = rows.astype(jnp.int32).reshape(1, -1)
+  else:  # a count (an int or a symbolic dimension)
+    rows = lax.broadcasted_iota(jnp.int32, (1, rows), 1)
   return (start[:, None] <= rows) & (rows < end[:, None])
 
 
@@ -75,7 +112,24 @@ def grouped_product(a, b, mask, bias=None):
       p = p + mb[2][None, :]
     return acc + jnp.where(mg[:, None], p, 0.0), None
   xs = (mask, b) if bias is None else (mask, b, bias)
-  out, _ = lax.scan(step, jnp.zeros((a.shape[0], b.shape[1]), _F32), xs)
+  out, _ = lax.scan(step, _zeros((a.shape[0], b.shape[1]), *xs, a), xs)
+  return out
+
+
+def _zeros(shape, *like):
+  """float32 zeros typed to vary over every manual mesh axis (shard_map) any of ``like`` varies
+  over: the initial carry of a scan whose steps combine them."""
+  z = jnp.zeros(shape, _F32)
+  axes = frozenset().union(*(_vma.varying(jax.typeof(a)) for a in like))
+  return lax.pcast(z, tuple(sorted(axes)), to="varying") if axes else z
+
+
+def grouped_bias(bias, mask):
+  """(M, N) float32: row i gets the sum of ``bias[g]`` over the groups g that hold it (mask
+  (G, M), bias (G, N)); one group at a time, so that a non-finite bias stays in its rows."""
+  def step(acc, mb):
+    return acc + jnp.where(mb[0][:, None], mb[1][None, :], 0.0), None
+  out, _ = lax.scan(step, _zeros((mask.shape[1], bias.shape[1]), mask, bias), (mask, bias.astype(_F32)))
   return out
 
 
@@ -102,12 +156,12 @@ def dequantized_w(w):
 
 
 def ragged_dot_reference(*args, x_tree, w_tree, out_dtype, has_bias, **_):
-  """The primitive's reference: args = x's arrays, w's arrays, group_sizes, bias."""
+  """The primitive's reference: args = x's arrays, w's arrays, group_sizes, bias, row_ids."""
   nx, nw = x_tree.num_leaves, w_tree.num_leaves
   x = dequantized_x(jax.tree.unflatten(x_tree, args[:nx]))
   w = dequantized_w(jax.tree.unflatten(w_tree, args[nx:nx + nw]))
-  group_sizes, bias = args[nx + nw:]
-  mask = group_masks(group_sizes, x.shape[0])
+  group_sizes, bias, row_ids = args[nx + nw:]
+  mask = group_masks(group_sizes, row_ids)
   out = grouped_product(x, w, mask, bias.astype(_F32) if has_bias else None)
   return out.astype(out_dtype)
 
@@ -125,10 +179,170 @@ def _kernel(ctx, *args, **params):
   raise AssertionError(f"{WHO}: no kernel (kernel_missing always gives a reason)")
 
 
+# -- partitioning under jax.jit with sharded operands (jax_gmma.sharding) -----------------------
+
+def _resized(tree, rows: int, k: Optional[int]):
+  """``tree`` (x's or w's treedef) for a shard of ``rows`` rows (M of x, N of w) and contraction
+  length ``k`` (None: unchanged): the static shape the shard's arrays have."""
+  obj = jax.tree.unflatten(tree, [0] * tree.num_leaves)
+  if isinstance(obj, PackedWeight):
+    fmt, _, k0, exact, layout = obj.tree_flatten()[1]
+    return jax.tree.structure(PackedWeight.tree_unflatten((fmt, rows, k0, exact, layout),
+                                                          obj.tree_flatten()[0]))
+  if not isinstance(obj, QuantizedArray):  # a float x
+    return tree
+  children, (fmt, layout, shape, axis, dt) = obj.tree_flatten()
+  canon = list(obj.canonical_shape)
+  canon[-2] = rows
+  canon[-1] = canon[-1] if k is None else k
+  declared = canon[:-1]
+  declared.insert(axis, canon[-1])
+  return jax.tree.structure(QuantizedArray.tree_unflatten((fmt, layout, tuple(declared), axis, dt),
+                                                          children))
+
+
+def _partial_f32(prim, args, p):
+  """A K shard's product without the bias, in float32 (summed across the shards next)."""
+  args = list(args)
+  args[-2] = jnp.zeros((1,), _F32)
+  return prim.bind(*args, **{**p, "out_dtype": np.dtype(_F32), "has_bias": False})
+
+
+def _finish(acc, args, p):
+  """The summed float32 product of the K shards: each row's expert bias, once, then the cast."""
+  if p["has_bias"]:
+    group_sizes, bias, row_ids = args[-3:]
+    acc = acc + grouped_bias(bias, group_masks(group_sizes, row_ids))
+  return acc.astype(p["out_dtype"])
+
+
+#: the contraction block of each weight family's scales (K splits in whole blocks of it)
+_K_BLOCK = {"tensorwise": None, "blockwise": shapes.BLOCK_K, "mx": 32, "weightonly": None}
+
+
+def _partition_rule(avals, params):
+  """How the primitive partitions (:class:`jax_gmma.sharding.Rule`).
+
+  Factors: ``m`` the rows of x (and of the result and of row_ids), ``n`` the experts' output
+  features (w's rows, bias and result columns), ``k`` the contraction (x's and w's columns, the
+  scales' K blocks tied to it), ``g`` the experts (w's leading axis, group_sizes, bias rows:
+  never split). ``m`` splits because each shard gets the global indices of its rows (row_ids)
+  and applies the group boundaries to them; ``n`` splits within each expert; ``k`` is a
+  reduction: float32 partial products summed over the mesh axes, then the expert bias once.
+  """
+  x_tree, w_tree = params["x_tree"], params["w_tree"]
+  nx, nw = x_tree.num_leaves, w_tree.num_leaves
+  xa, wa = avals[:nx], avals[nx:nx + nw]
+  gs, bias, row_ids = avals[nx + nw:]
+  x = jax.tree.unflatten(x_tree, xa)
+  w = jax.tree.unflatten(w_tree, wa)
+  n = params["n"]
+  m, kp = xa[0].shape[0], xa[0].shape[-1]
+  k = x.k if isinstance(x, QuantizedArray) else kp
+  packed = isinstance(w, PackedWeight)
+  fmt = params["fmt"]
+  family = ("weightonly" if packed else "mx" if fmt == "mxfp8" else
+            "tensorwise" if fmt in tensorwise.WEIGHT_FORMATS else "blockwise")
+  block = _K_BLOCK[family]
+  counter = itertools.count()
+
+  def fresh(ndim):
+    return tuple(f"u{next(counter)}" for _ in range(ndim))
+
+  compound = {}
+  if block and kp == k and k % block == 0:  # the scales' K blocks split with K
+    compound["k"] = ("kb", "kr", block)
+  refused = {}  # factor -> why it cannot split here, whatever the shard count
+
+  def k_blocks(size):
+    return "kb" if "k" in compound and size == k // block else fresh(1)[0]
+
+  # x: (M, K) data, its per-row scales (per tensor: a scalar)
+  x_ops = []
+  if isinstance(x, QuantizedArray):
+    x_ops.append(("m", "k"))
+    for a in xa[1:]:
+      if len(a.shape) == 0:
+        x_ops.append(())
+      elif x.layout == "rowmajor" and len(a.shape) == 2 and a.shape[0] == m:
+        x_ops.append(("m", k_blocks(a.shape[1]) if a.shape[1] > 1 else fresh(1)[0]))
+      else:
+        x_ops.append(fresh(len(a.shape)))
+        refused.setdefault("m", f"x's scales are in the {x.layout} layout (never split)")
+        refused.setdefault("k", f"x's scales are in the {x.layout} layout (never split)")
+  else:
+    x_ops.append(("m", "k"))
+
+  # w: (G, N, K) data and per-expert scales, or a PackedWeight of G experts
+  w_ops = []
+  if packed:
+    strips = wa[0].shape[1]
+    compound["n"] = ("ns", "nr", weightonly.TILE_ROWS)
+    w_ops.append(("g", "ns") + fresh(len(wa[0].shape) - 2))
+    w_ops.append(("g", "ns") + fresh(len(wa[1].shape) - 2))
+    w_ops.append(("g",) + fresh(len(wa[2].shape) - 1))
+    x_ops[0] = ("m", "kx")  # the packed K is never split
+  else:
+    w_ops.append(("g", "n", "k"))
+    for a in wa[1:]:
+      dims = ["g"]
+      if w.layout != "rowmajor":
+        dims += fresh(len(a.shape) - 1)
+        refused.setdefault("n", f"w's scales are in the {w.layout} layout (never split)")
+        refused.setdefault("k", f"w's scales are in the {w.layout} layout (never split)")
+      elif len(a.shape) == 3:
+        rows, cols = a.shape[1:]
+        if rows == n:
+          dims.append("n")
+        elif fmt == "fp8_128x128" and n % shapes.BLOCK_N == 0 and rows == n // shapes.BLOCK_N:
+          compound["n"] = ("nb", "nr", shapes.BLOCK_N)
+          dims.append("nb")
+        else:
+          dims += fresh(1)
+          refused.setdefault("n", f"N = {n} is not a whole number of the weight's {shapes.BLOCK_N}-row "
+                                  "scale blocks")
+        dims.append(k_blocks(cols) if cols > 1 else fresh(1)[0])
+      else:  # per-expert scalars (fp8_tensor)
+        dims += fresh(len(a.shape) - 1)
+      w_ops.append(tuple(dims))
+
+  operands = (*x_ops, *w_ops, ("g",), ("g", "n") if params["has_bias"] else fresh(len(bias.shape)),
+              ("m",))
+
+  def check(f, d):
+    if f in refused:
+      return refused[f]
+    if f == "m":
+      return sharding.divides(m, d, "M")
+    if f == "n":
+      if packed:
+        return sharding.divides(strips, d, "the weights' 16-row strips")
+      return sharding.aligned(n, d, shapes.BLOCK_N if "n" in compound else shapes.N_ALIGN, "N")
+    if kp != k:
+      return f"K = {k} is padded to whole {block}-blocks ({kp})"
+    if family == "tensorwise":
+      return sharding.aligned(k, d, shapes.K_ALIGN, "K")
+    return sharding.aligned(k, d, shapes.BLOCK_K, "K")  # whole 128-K scale blocks / atoms
+
+  def local(p, shapes_):
+    x_rows, w_rows = shapes_[0][0], (shapes_[nx][1] * weightonly.TILE_ROWS if packed else
+                                     shapes_[nx][1])
+    k_local = None if shapes_[0][-1] == kp else shapes_[0][-1]
+    return {**p, "n": w_rows, "x_tree": _resized(x_tree, x_rows, k_local),
+            "w_tree": _resized(w_tree, w_rows, k_local)}
+
+  return sharding.Rule(operands=operands, results=(("m", "n"),),
+                       shardable=("m", "n") if packed else ("m", "n", "k"), check=check,
+                       compound=compound, reduction=() if packed else ("k",),
+                       partial=None if packed else _partial_f32, finish=None if packed else _finish,
+                       local_params=local)
+
+
 RAGGED_DOT = primitive.define(
     "jax_gmma_ragged_dot", abstract_eval=_abstract_eval, reference=ragged_dot_reference,
     user_fn=WHO, kernel=_kernel, kernel_missing=_kernel_missing, op="ragged_dot",
-    vmap=batching.map_rule, graph_safe=False)  # no FFI call yet: nothing to declare
+    partition_rule=_partition_rule, vmap=batching.map_rule,
+    graph_safe=False)  # no FFI call yet: nothing to declare
 ragged_dot_p = RAGGED_DOT.p
 
 
@@ -278,7 +492,7 @@ def _check_group_sizes(group_sizes, g: int):
   kind = f"an integer (int32) array of shape (G,) = ({g},), one size per expert of w"
   try:
     gs = jnp.asarray(group_sizes)
-  except TypeError:
+  except (TypeError, ValueError):  # None, strings, ragged nested lists
     raise TypeError(f"{WHO}: group_sizes must be {kind}, got {type(group_sizes).__name__}") from None
   if not jnp.issubdtype(gs.dtype, jnp.integer):
     raise TypeError(f"{WHO}: group_sizes must be {kind}, got {np.dtype(gs.dtype).name}")
@@ -293,7 +507,7 @@ def _check_bias(bias, g: int, n: int):
     return None
   try:
     bias = jnp.asarray(bias)
-  except TypeError:
+  except (TypeError, ValueError):
     raise TypeError(f"{WHO}: bias must be a floating (G, N) array, got {type(bias).__name__}") from None
   primitive.check_float(bias.dtype, WHO, "bias", what="(G, N) array")
   if tuple(bias.shape) != (g, n):
@@ -313,7 +527,9 @@ def _forward(x, w, group_sizes, bias, static):
   xl, x_tree = jax.tree.flatten(x)
   wl, w_tree = jax.tree.flatten(w)
   b = jnp.zeros((1,), out_dtype) if bias is None else bias.astype(out_dtype)
-  return ragged_dot_p.bind(*xl, *wl, group_sizes, b, x_tree=x_tree, w_tree=w_tree, fmt=fmt, n=n,
+  m = xl[0].shape[0]
+  row_ids = lax.broadcasted_iota(jnp.int32, (m,), 0)
+  return ragged_dot_p.bind(*xl, *wl, group_sizes, b, row_ids, x_tree=x_tree, w_tree=w_tree, fmt=fmt, n=n,
                            out_dtype=np.dtype(out_dtype), has_bias=bias is not None,
                            **{primitive.CALLER: _CALLER})
 
@@ -379,6 +595,10 @@ def ragged_dot(x, w, group_sizes, *, bias=None, out_dtype=None, x_format: Option
   Shape, dtype and format rules are checked before anything runs, naming the argument. No CUDA
   kernel yet: on a CUDA GPU this raises KernelUnavailable unless the reference is allowed
   (``jax_gmma.allow_reference()``); elsewhere the reference runs.
+
+  Under ``jax.jit`` with sharded operands, the tokens M, the output features N and the
+  contraction K may stay sharded (K: float32 partial sums and one all-reduce); the experts G are
+  gathered (expert parallelism goes through ``jax.shard_map``). See the module docstring.
   """
   if group_offset is not None:
     raise NotImplementedError(f"{WHO}: group_offset must be None (jax.lax.ragged_dot does not "
