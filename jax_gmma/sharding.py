@@ -20,14 +20,16 @@ with the helpers of this module:
   and the local shape still meets the kernel's rules (divisibility, alignment, whole scale
   blocks); otherwise its operands are gathered (replicated) along it and a warning says which
   dimension, why, and what it costs;
-- the contraction ``k`` may stay sharded for ``fp8_gemm`` and the block-scaled GEMM: each
+- the contraction ``k`` may stay sharded for ``fp8_gemm``, the block-scaled GEMM and
+  ``ragged_dot`` (QuantizedArray experts): each
   device computes its partial product in float32, the partials are summed over the mesh axes
   (``psum``), then the bias is added and the result cast, so the result is the single-device
   product up to the order of float32 additions.
 
 Never split (gathered, with a warning, when they arrive sharded): the K dimension of the
 weight-only kernel, of ``mx_gemm`` and of quantization (packed K tiles, swizzled scale atoms,
-padded K).
+padded K), and the experts ``G`` of ``ragged_dot`` (expert parallelism is the model's all-to-all
+inside ``shard_map``).
 """
 from __future__ import annotations
 
