@@ -6,16 +6,13 @@ of four virtual CPU devices, where the primitive lowers to its pure-JAX referenc
 partition callback: each sharded program gives the single-device result (bit-identical, or to
 float32 rounding when the contraction is split), with exactly the collectives the split needs.
 """
-import os
-import subprocess
-import sys
-
 import jax
 import numpy as np
 
 import jax_gmma
 from jax_gmma import sharding
 from jax_gmma.ops import grouped
+from test_sharding import run_script  # noqa: E402 (tests/ helper)
 
 G, N, K, M = 4, 256, 256, 32
 
@@ -145,6 +142,7 @@ import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P, AxisType
 import jax_gmma
 from jax_gmma.sharding import ShardingWarning
+from _sharding_check import check_sharded
 
 devs = jax.devices()
 assert len(devs) == 4, devs
@@ -152,7 +150,6 @@ mesh = jax.make_mesh((2, 2), ("x", "y"), axis_types=(AxisType.Auto,) * 2, device
 mesh_z = jax.make_mesh((4,), ("z",), axis_types=(AxisType.Auto,), devices=devs)
 rng = np.random.default_rng(0)
 F32, BF16 = jnp.float32, jnp.bfloat16
-COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
 G, N, K, M = 4, 256, 256, 32
 SIZES = jnp.asarray([7, 0, 13, 9], jnp.int32)  # an empty expert, 3 rows of no expert, groups across shards
 
@@ -162,27 +159,8 @@ def normal(*shape):
 
 
 def run(fn, args, specs, want_collectives=(), warn=None, exact=True, mesh=mesh):
-  """fn(*args) with args placed per specs (None: replicated) == fn on one device; the compiled
-  program's collectives are exactly want_collectives; a ShardingWarning iff warn."""
-  want = jax.jit(fn)(*args)
-  placed = [jax.device_put(a, NamedSharding(mesh, P() if s is None else s)) for a, s in zip(args, specs)]
-  f = jax.jit(fn)
-  assert "CustomSPMDPartitioning" in f.lower(*placed).as_text(), "not partitioned by jax_gmma"
-  with warnings.catch_warnings(record=True) as caught:
-    warnings.simplefilter("always")
-    hlo = f.lower(*placed).compile().as_text()
-  got = f(*placed)
-  msgs = [str(w.message) for w in caught if issubclass(w.category, ShardingWarning)]
-  assert bool(msgs) == bool(warn) and (not warn or warn in msgs[0]), msgs
-  found = tuple(c for c in COLLECTIVES if c in hlo)
-  assert found == tuple(want_collectives), (found, want_collectives)
-  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-    g, w = np.asarray(g.astype(F32)), np.asarray(w.astype(F32))
-    if exact:
-      assert np.array_equal(g, w, equal_nan=True), float(np.abs(g - w).max())
-    else:  # the contraction split: float32 partial sums added in another order
-      np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5 * float(np.abs(w).max()))
-  return got
+  # inexact only for the contraction split: float32 partial sums added in another order
+  return check_sharded(fn, args, specs, mesh, want_collectives, warn, exact, 1e-5)
 
 
 def stacked(fmt, w):
@@ -274,7 +252,5 @@ def test_partitioned_under_jit_on_four_cpu_devices():
   """Sharded jit programs of ragged_dot on a 2 x 2 mesh of virtual CPU devices give the
   single-device results, with no collective for token / feature splits, one all-reduce for a
   split contraction, and a warning (and a gather) where a split is refused."""
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  r = subprocess.run([sys.executable, "-P", "-c", _SCRIPT], env=env, capture_output=True, text=True,
-                     timeout=900)
+  r = run_script(_SCRIPT, {"JAX_PLATFORMS": "cpu"}, timeout=900)
   assert r.returncode == 0 and r.stdout.strip().endswith("ok"), (r.stdout[-2000:], r.stderr[-4000:])

@@ -115,6 +115,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P, AxisType
 import jax_gmma
 from jax_gmma.ops import quantize as qkernel, weightonly
 from jax_gmma.sharding import ShardingWarning
+from _sharding_check import COLLECTIVES, check_sharded
 
 devs = jax.devices()
 assert len(devs) >= 2 and len(devs) % 2 == 0, devs
@@ -126,7 +127,6 @@ EXACT = os.environ.get("JAX_GMMA_SHARDING_EXACT", "1") == "1"
 KERNELS = os.environ.get("JAX_GMMA_SHARDING_KERNELS") == "1"  # assert the FFI kernels ran
 rng = np.random.default_rng(0)
 E4, BF16, F32 = jnp.float8_e4m3fn, jnp.bfloat16, jnp.float32
-COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
 
 
 def normal(*shape):
@@ -134,29 +134,7 @@ def normal(*shape):
 
 
 def run(fn, args, specs, want_collectives=(), warn=None, exact=True, mesh=mesh):
-  """fn(*args) with args placed per specs (None: replicated) == fn on one device; the compiled
-  program's collectives are exactly want_collectives; a ShardingWarning iff warn."""
-  want = jax.jit(fn)(*args)
-  placed = [jax.device_put(a, NamedSharding(mesh, P() if s is None else s)) for a, s in zip(args, specs)]
-  f = jax.jit(fn)
-  text = f.lower(*placed).as_text()
-  assert "CustomSPMDPartitioning" in text, "not partitioned by jax_gmma"
-  with warnings.catch_warnings(record=True) as caught:
-    warnings.simplefilter("always")
-    hlo = f.lower(*placed).compile().as_text()
-  got = f(*placed)
-  msgs = [str(w.message) for w in caught if issubclass(w.category, ShardingWarning)]
-  assert bool(msgs) == bool(warn) and (not warn or warn in msgs[0]), msgs
-  found = tuple(c for c in COLLECTIVES if c in hlo)
-  assert found == tuple(want_collectives), (found, want_collectives)
-  assert not KERNELS or 'custom_call_target="jax_gmma' in hlo, "no jax-gmma kernel in the program"
-  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-    g, w = np.asarray(g.astype(F32)), np.asarray(w.astype(F32))
-    if exact and EXACT:
-      assert np.array_equal(g, w, equal_nan=True), float(np.abs(g - w).max())
-    else:
-      np.testing.assert_allclose(g, w, rtol=2e-2, atol=2e-2 * float(np.abs(w).max()))
-  return got
+  return check_sharded(fn, args, specs, mesh, want_collectives, warn, exact and EXACT, 2e-2, KERNELS)
 
 
 # fp8_gemm: tokens / features split locally; a split contraction sums float32 partials
@@ -231,7 +209,10 @@ print("ok")
 
 
 def run_script(script: str, env_extra=None, timeout=600) -> subprocess.CompletedProcess:
+  """script in a fresh interpreter (-P), with tests/ on its path for _sharding_check."""
   env = dict(os.environ, **(env_extra or {}))
+  env["PYTHONPATH"] = os.pathsep.join(filter(None, (os.path.dirname(os.path.abspath(__file__)),
+                                                   env.get("PYTHONPATH"))))
   return subprocess.run([sys.executable, "-P", "-c", script], env=env, capture_output=True, text=True,
                         timeout=timeout)
 
