@@ -55,9 +55,6 @@ const char* can_implement(const GemmArgs& g) {
   return nullptr;
 }
 
-size_t workspace_size(const GemmArgs&) { return 0; }
-cudaError_t prepare() { return cudaSuccess; }  // static shared memory only
-
 template <int G, int NT, int WK, typename OutT>
 cudaError_t run(const GemmArgs& g, cudaStream_t stream) {
   if (can_implement(g)) return cudaErrorInvalidValue;
@@ -72,8 +69,7 @@ cudaError_t run(const GemmArgs& g, cudaStream_t stream) {
 
 template <int G, int NT, int WK, typename OutT>
 KernelEntry entry(const char* name, DType d) {
-  return KernelEntry{name, DType::kF8E4M3, DType::kF8E4M3, d, &can_implement, &workspace_size,
-                     &prepare, &run<G, NT, WK, OutT>, 0, WK * 32, 90};
+  return fp8_stream::table_row(name, d, &can_implement, &run<G, NT, WK, OutT>, WK);
 }
 
 }  // namespace

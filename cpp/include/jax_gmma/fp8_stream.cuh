@@ -36,6 +36,7 @@
 
 #include <cstdint>
 
+#include "jax_gmma/gemm_api.h"
 #include "jax_gmma/weightonly_common.cuh"
 
 namespace jax_gmma::fp8_stream {
@@ -259,6 +260,16 @@ cudaError_t launch(const Params<S>& p, uintptr_t scale_ptrs, cudaStream_t stream
   const dim3 grid(static_cast<unsigned>((p.o.n + 15) / 16), static_cast<unsigned>(ytiles));
   stream_kernel<S, NT, WK, OutT><<<grid, WK * 32, 0, stream>>>(p);
   return cudaGetLastError();
+}
+
+inline size_t no_workspace(const GemmArgs&) { return 0; }
+inline cudaError_t nothing_to_prepare() { return cudaSuccess; }  // static shared memory only
+
+// A streaming kernel's kernel-table row (e4m3 x e4m3 -> d, no workspace, WK warps).
+inline KernelEntry table_row(const char* name, DType d, const char* (*can_implement)(const GemmArgs&),
+                             cudaError_t (*run)(const GemmArgs&, cudaStream_t), int warps) {
+  return KernelEntry{name, DType::kF8E4M3, DType::kF8E4M3, d, can_implement, &no_workspace,
+                     &nothing_to_prepare, run, 0, warps * 32, 90};
 }
 
 }  // namespace jax_gmma::fp8_stream
