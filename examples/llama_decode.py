@@ -1,56 +1,87 @@
 #!/usr/bin/env python3
-"""A Llama-3-8B-shaped decoder (random weights) with a KV cache and a jitted decode loop, its
-Linear layers in bf16, XLA's FP8, jax-gmma's FP8 GEMMs, jax-gmma's FP4/FP6 weight-only GEMMs, and
-emulated block-scaled formats.
+"""A Llama-3-8B-shaped decoder (random weights) as a Flax NNX model, with a KV cache and a jitted
+decode loop, its Linear layers in bf16, XLA's FP8, jax-gmma's FP8 GEMMs, jax-gmma's FP4/FP6
+weight-only GEMMs, and emulated block-scaled formats.
 
 Shapes are Llama-3-8B's (hidden 4096, 32 query heads, 8 KV heads (GQA), head dim 128, SwiGLU FFN
 14336, vocab 128256, RMSNorm eps 1e-5, RoPE theta 500000, no rope scaling); the layer count is a
 flag (``--layers``, default 2; 32 is the full model) and every size can be overridden for a tiny
-CPU run (``--preset tiny`` or ``--hidden/--ffn/--heads/--kv-heads/--vocab``). Weights are random
-(seeded normal / sqrt(fan_in)), one bf16 master copy. Q/K/V are one fused (N, K) = (out, in)
-weight and gate/up another, as inference engines store them; o_proj and down_proj are the other
-two: four GEMMs per layer. The token embedding, the final RMSNorm and the lm_head stay bf16 in
-every variant (as most FP8 checkpoints keep them); the KV cache is bf16.
+CPU run (``--preset tiny`` or ``--hidden/--ffn/--heads/--kv-heads/--vocab``).
 
-Each *format* is a separate model variant of the same master weights:
+The float model is :class:`Llama`, an ``nnx.Module`` in bf16: per layer, Q/K/V are one fused
+``nnx.Linear`` (``wqkv``) and gate/up another (``w_gate_up``), as inference engines store them;
+``wo`` and ``w_down`` are the other two: four GEMMs per layer, at module paths
+``layers/<i>/wqkv`` etc. Its weights are random (seeded normal / sqrt(fan_in); ``Llama(cfg,
+seed=...)`` stands in for loading a checkpoint). The token embedding, the RMSNorm gains and the
+lm_head are plain parameters, no ``nnx.Linear``: they stay bf16 in every variant (as most FP8
+checkpoints keep them); the KV cache is bf16.
 
-* ``bf16``: ``lax.dot_general`` on bf16 operands (bf16 out) -- the baseline.
-* ``xla_fp8``: XLA's own FP8 path: the weight stored as float8_e4m3fn with per-channel scales,
-  the activation quantized per token in plain jnp, both fp8 operands straight into
-  ``lax.dot_general(x_fp8, w_fp8, (((1,), (1,)), ((), ())), preferred_element_type=bf16)``
+Each *format* is a variant: a copy of the float model (``nnx.clone``: the arrays it does not
+convert stay shared) whose four Linears per layer are converted by rules on their paths
+(:data:`LAYER_LINEARS`, :func:`convert_model`):
+
+* ``bf16``: :class:`Bf16Linear`, ``lax.dot_general`` on bf16 operands with the (N, K) = (out,
+  in) weight (bf16 out) -- the baseline.
+* ``xla_fp8``: :class:`XlaFp8Linear`, XLA's own FP8 path: the weight stored as float8_e4m3fn with
+  per-channel scales, the activation quantized per token in plain jnp, both fp8 operands straight
+  into ``lax.dot_general(x_fp8, w_fp8, (((1,), (1,)), ((), ())), preferred_element_type=bf16)``
   (what XLA rewrites to a cuBLASLt FP8 GEMM on Hopper), then the scales multiplied in.
-* ``fp8_channel``, ``fp8_tensor`` (any format in ``jax_gmma.ops.tensorwise.WEIGHT_FORMATS``): the weight
-  quantized once with ``jax_gmma.quantize(w, fmt)``, every call ``jax_gmma.dot(x, w_q)`` (x bf16,
-  quantized per token on the fly; bf16 out). The CUTLASS kernel on Hopper, the pure-JAX
-  reference elsewhere.
-* ``emu:FMT`` for any format in ``jax_gmma.FORMATS`` (the block-scaled ones: fp8_1x128,
-  fp8_128x128, mxfp8, mxfp6_e2m3, mxfp6_e3m2, nvfp4, mxfp4): an **emulation, not a kernel**. The
-  weight is quantized and dequantized once (kept in float32), the activation is quantized and
-  dequantized on every call (per token for FP8 per-tensor/per-channel weights, 1x128 for 128x128
-  weights, the same format for MX/NVFP4), and a float32 dot multiplies them. It shows what the
-  format's rounding does to the model; its speed is not a kernel's speed.
-* ``wo:nvfp4``, ``wo:mxfp4`` (any format in ``jax_gmma.weightonly.WEIGHT_FORMATS``): FP4 *weight-only*
-  GEMMs. The weight is quantized once and laid out for the Hopper kernel
-  (``jax_gmma.weightonly.prepare(w, fmt)``, N a multiple of 16), every call is
-  ``jax_gmma.dot(x, w_p)`` with the bf16 activation as is (no activation quantization; bf16
-  out). The sm_90a weight-only kernel (FP4 widened to bf16 in registers, bf16 MMA, float32
-  accumulation) on Hopper, the pure-JAX reference elsewhere.
+* ``fp8_channel``, ``fp8_tensor``, ``fp8_128x128``, ``fp8_1x128`` (the formats ``jax_gmma.dot``
+  has a GEMM kernel for): ``jax_gmma.nn.quantize_model(model, [(LAYER_LINEARS, FMT)])`` makes
+  each Linear a ``jax_gmma.nn.QuantizedLinear``: the weight quantized once, every call
+  ``jax_gmma.dot(x, w_q)`` (x bf16, quantized on the fly; bf16 out). The CUTLASS kernel on
+  Hopper, the pure-JAX reference elsewhere.
+* ``wo:nvfp4``, ``wo:mxfp4``, ``wo:mxfp6_e2m3``, ``wo:mxfp6_e3m2`` (``jax_gmma.weightonly.
+  WEIGHT_FORMATS``): ``quantize_model`` with the same spec, FP4 / FP6 *weight-only* GEMMs. The
+  weight is quantized once and laid out for the Hopper kernel (a ``jax_gmma.PackedWeight``, N a
+  multiple of 16), every call is ``jax_gmma.dot(x, w_p)`` with the bf16 activation as is (no
+  activation quantization; bf16 out). The sm_90a weight-only kernel (FP4 widened to bf16 in
+  registers, bf16 MMA, float32 accumulation) on Hopper, the pure-JAX reference elsewhere.
+* ``emu:FMT`` for any format in ``jax_gmma.FORMATS``: an **emulation, not a kernel**
+  (``quantized_linear.EmulatedLinear``). The weight is quantized and dequantized once (kept in
+  float32), the activation is quantized and dequantized on every call (per token for FP8
+  per-tensor/per-channel weights, 1x128 for 128x128 weights, the same format for MX/NVFP4), and a
+  float32 dot multiplies them. It shows what the format's rounding does to the model; its speed
+  is not a kernel's speed.
 
-The GEMM, ``emu:FMT`` and ``wo:FMT`` kinds, and their spec grammar, live in
-``examples/quantized_linear.py``
-(shared with ``minilm.py``); ``bf16`` and ``xla_fp8`` are this example's own.
+The spec grammar and the emulation live in ``examples/quantized_linear.py`` (shared with
+``minilm.py``); ``bf16`` and ``xla_fp8`` are this example's own layers, swapped in by the same
+rules.
+
+Quantize, save, reload and run, as a user would (``--save DIR`` / ``--load DIR`` do this per
+format; orbax-checkpoint needed)::
+
+  from flax import nnx
+  import jax_gmma.nn
+  from jax_gmma import checkpoint_orbax
+
+  model = Llama(cfg, seed=0)                                   # the float (bf16) model
+  jax_gmma.nn.quantize_model(model, [(LAYER_LINEARS, "fp8_channel")])   # in place
+  checkpoint_orbax.save_orbax("ckpt/fp8_channel", nnx.state(model))
+
+  # later: an abstract model of the same variant (nothing computed), then the saved arrays
+  abstract = nnx.eval_shape(lambda: build_variant(Llama(cfg), parse_variant("fp8_channel")))
+  graphdef, target = nnx.split(abstract)
+  model = nnx.merge(graphdef, checkpoint_orbax.restore_orbax("ckpt/fp8_channel", target=target))
+
+  graphdef, state = nnx.split(model)           # the jitted functions take both, and merge inside
+  logits, cache = prefill(graphdef, state, prompt, max_seq=64)
 
 Generation: one jitted prefill over the prompt fills the cache, then ``--gen-tokens`` greedy
-(argmax) decode steps run as a ``lax.fori_loop`` inside **one** jitted function, so the whole
-generation is one XLA program (XLA's command buffers / CUDA graphs apply on a GPU as configured
-by default). Reported per format: decode tokens/s (batch x steps / wall time), ms per decode step,
-speedups vs bf16 and vs xla_fp8 of the same run, the final-prompt-position logits against the bf16
-model's (cosine, relative error) and greedy-token agreement with the bf16 model (free-running, and
+(argmax) decode steps run as a ``lax.fori_loop`` inside **one** jitted function
+(:func:`generate`: ``nnx.merge(graphdef, state)`` at trace time, so the quantized weights enter
+the program as arguments and nothing is re-quantized per step), so the whole generation is one
+XLA program (XLA's command buffers / CUDA graphs apply on a GPU as configured by default).
+Reported per format: decode tokens/s (batch x steps / wall time), ms per decode step, speedups vs
+bf16 and vs xla_fp8 of the same run, the final-prompt-position logits against the bf16 model's
+(cosine, relative error) and greedy-token agreement with the bf16 model (free-running, and
 teacher-forced on bf16's tokens).
 
 Usage::
 
   python examples/llama_decode.py --preset tiny                  # seconds on a CPU
+  python examples/llama_decode.py --preset tiny --formats fp8_channel,wo:nvfp4 --save ckpt
+  python examples/llama_decode.py --preset tiny --formats fp8_channel,wo:nvfp4 --load ckpt
   python3 -P examples/llama_decode.py --layers 32 --gen-tokens 128 --json out.json   # H200
 """
 from __future__ import annotations
@@ -69,16 +100,21 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence, Tuple
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
 
-import jax_gmma  # noqa: E402
+import jax_gmma
+from jax_gmma import _backend
+from jax_gmma.numerics import shapes
+from jax_gmma.ops import weightonly
 
 # examples/ on sys.path, for the shared quantized_linear.py (run as a script, with -P, or by path)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from quantized_linear import (  # noqa: E402,F401 (EMU_ACTIVATION_FORMAT: re-exported)
-    EMU_ACTIVATION_FORMAT, QuantizedLinear, UnknownFormat, gemm_formats, parse_spec,
+    EMU_ACTIVATION_FORMAT, FrozenWeight, Spec, UnknownFormat, check_checkpoint_dirs,
+    checkpoint_path, convert, gemm_formats, kernel_nk, parse_spec, restore_model, save_model,
     weightonly_formats)
 
 BF16 = jnp.bfloat16
@@ -94,6 +130,12 @@ WEIGHTONLY_FORMATS = tuple(f"wo:{f}" for f in weightonly_formats())
 DEFAULT_FORMATS = ("bf16", "xla_fp8", "fp8_tensor", "fp8_channel") + tuple(
     f"emu:{f}" for f in BLOCK_FORMATS) + WEIGHTONLY_FORMATS
 BASELINES = ("bf16", "xla_fp8")
+
+#: The Linears every format converts (module paths, ``re.search``): the four GEMMs of each
+#: decoder layer. The embedding, the norms and the lm_head are no ``nnx.Linear``: always bf16.
+LAYER_LINEARS = r"^layers/\d+/(wqkv|wo|w_gate_up|w_down)$"
+#: File in a ``--save`` directory with the model shape its checkpoints were saved with.
+CONFIG_FILE = "config.json"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -136,7 +178,6 @@ class LlamaConfig:
 
   def check_gemm_shapes(self) -> None:
     """jax_gmma.dot (and TMA) need K % 16 == 0 and N % 8 == 0 for every GEMM."""
-    from jax_gmma.numerics import shapes
     for name, (n, k) in self.linear_shapes().items():
       if k % shapes.K_ALIGN or n % shapes.N_ALIGN:
         raise ValueError(f"{name}: (N, K) = ({n}, {k}); jax_gmma GEMMs need K % {shapes.K_ALIGN}"
@@ -145,7 +186,6 @@ class LlamaConfig:
 
   def check_weightonly_shapes(self) -> None:
     """The FP4 weight-only kernel (wo:FMT) needs N % 16 == 0 (its 16-row tiles; K is padded)."""
-    from jax_gmma.ops import weightonly
     for name, (n, k) in self.linear_shapes().items():
       if n % weightonly.TILE_ROWS:
         raise ValueError(f"{name}: (N, K) = ({n}, {k}); the FP4/FP6 weight-only GEMM (wo:FMT) needs "
@@ -235,132 +275,37 @@ def stage(bar, text: str) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-# Random weights (bf16 master copy)
+# The float model (Flax NNX, bf16)
 # ----------------------------------------------------------------------------------------------
 @functools.partial(jax.jit, static_argnames=("shape", "std"))
 def _normal_bf16(key, *, shape, std):
   return (jax.random.normal(key, shape, F32) * std).astype(BF16)
 
 
-def init_params(cfg: LlamaConfig, seed: int = 0, progress: bool = False) -> Dict[str, Any]:
-  """Seeded random weights, bf16: Linear weights (N, K) ~ N(0, 1/K) (unit-variance outputs for
-  unit-variance inputs), embedding ~ N(0, 1), RMSNorm gains 1. Generated on the default device
-  one matrix at a time."""
-  root = jax.random.PRNGKey(seed)
-  ones = jnp.ones((cfg.hidden,), BF16)
-  params: Dict[str, Any] = {
-      "embed": _normal_bf16(jax.random.fold_in(root, 1_000_000), shape=(cfg.vocab, cfg.hidden),
-                            std=1.0),
-      "final_norm": ones,
-      "lm_head": _normal_bf16(jax.random.fold_in(root, 1_000_001), shape=(cfg.vocab, cfg.hidden),
-                              std=1.0 / math.sqrt(cfg.hidden)),
-      "layers": [],
-  }
-  with progress_bar(cfg.layers, "random weights (layers)", progress) as bar:
-    for i in range(cfg.layers):
-      lk = jax.random.fold_in(root, i)
-      layer = {"attn_norm": ones, "ffn_norm": ones}
-      for j, (name, (n, k)) in enumerate(cfg.linear_shapes().items()):
-        layer[name] = _normal_bf16(jax.random.fold_in(lk, j), shape=(n, k), std=1.0 / math.sqrt(k))
-      jax.block_until_ready(layer)
-      params["layers"].append(layer)
-      bar.update()
-  return params
+@functools.partial(jax.jit, static_argnames=("shape", "std"))
+def _kernel_bf16(key, *, shape, std):
+  """The (N, K) = shape weight ~ N(0, std^2) in bf16, returned as nnx.Linear's (K, N) kernel."""
+  return _normal_bf16(key, shape=shape, std=std).T
 
 
-# ----------------------------------------------------------------------------------------------
-# Formats (model variants)
-# ----------------------------------------------------------------------------------------------
-def _quantize_per_token_e4m3(x2):
-  """(M, K) float -> (M, K) float8_e4m3fn, (M,) float32 dequantization scales (amax / 448 per
-  row, zero rows -> 1): jax_gmma's fp8_channel rule, spelled in plain jnp for the XLA path."""
-  x32 = x2.astype(F32)
-  amax = jnp.max(jnp.abs(x32), axis=-1)
-  scale = jnp.where(amax > 0, jnp.maximum(amax / E4M3_MAX, F32_TINY), 1.0)
-  q = jnp.clip(x32 / scale[:, None], -E4M3_MAX, E4M3_MAX).astype(jnp.float8_e4m3fn)
-  return q, scale
+def _linear(kernel, rngs: nnx.Rngs) -> nnx.Linear:
+  """An ``nnx.Linear`` (bf16, no bias) holding ``kernel`` (in, out)."""
+  k, n = kernel.shape
+  return nnx.Linear(k, n, use_bias=False, dtype=BF16, param_dtype=BF16,
+                    kernel_init=lambda *_: kernel, rngs=rngs)
 
 
-@dataclasses.dataclass(frozen=True)
-class Variant(QuantizedLinear):
-  """How every Linear ``y = x @ w.T`` of the decoder layers is computed: kind "bf16", "xla_fp8",
-  or a jax-gmma GEMM / emulation / weight-only spec (``quantized_linear``). Hashable (static jit
-  argument)."""
+class RMSNorm(nnx.Module):
+  """Llama's RMSNorm: float32 math, bf16 out; the gain (hidden,) bf16, initialized to 1."""
 
-  @property
-  def description(self) -> str:
-    return {"bf16": "bf16 dot (baseline)",
-            "xla_fp8": "XLA fp8 dot_general",
-            "gemm": "jax_gmma.dot GEMM",
-            "weightonly": "FP4/FP6 weight-only GEMM (x bf16)",
-            "emulated": f"emulation (x {self.x_format})"}[self.kind]
+  def __init__(self, gain, eps: float):
+    self.scale = nnx.Param(gain)
+    self.eps = eps
 
-  def prepare(self, w):
-    """The (N, K) bf16 weight as this variant stores it; done once, outside the decode loop."""
-    if self.kind == "bf16":
-      return w
-    if self.kind == "xla_fp8":
-      q = jax_gmma.quantize(w, "fp8_channel")  # float8_e4m3fn data (N, K), scales (N, 1)
-      return (q.data, q.scales.reshape(-1))
-    return super().prepare(w)  # gemm: QuantizedArray; emulated: float32; weightonly: PackedWeight
-
-  def linear(self, x, w):
-    """x (..., K) bf16 -> (..., N) bf16."""
-    if self.kind not in ("bf16", "xla_fp8"):
-      return super().linear(x, w)  # gemm / weightonly: jax_gmma.dot (bf16 out); emulated
-    lead, k = x.shape[:-1], x.shape[-1]
-    x2 = x.reshape(-1, k)
-    if self.kind == "bf16":
-      y = jax.lax.dot_general(x2, w, NT, preferred_element_type=BF16)
-    else:  # xla_fp8
-      w8, sw = w
-      x8, sx = _quantize_per_token_e4m3(x2)
-      y = jax.lax.dot_general(x8, w8, NT, preferred_element_type=BF16)  # fp8 x fp8 -> bf16
-      y = (y.astype(F32) * sx[:, None] * sw[None, :]).astype(BF16)
-    return y.reshape(*lead, y.shape[-1])
-
-
-def parse_variant(spec: str) -> Variant:
-  """``bf16`` | ``xla_fp8`` | a jax_gmma.dot GEMM format | ``emu:FMT`` (quantize/dequantize) |
-  ``wo:FMT`` (FP4/FP6 weight-only GEMM)."""
-  spec = spec.strip()
-  if spec in ("bf16", "xla_fp8"):
-    return Variant(label=spec, kind=spec)
-  try:
-    return parse_spec(spec, Variant)
-  except UnknownFormat:
-    raise ValueError(f"{spec}: unknown format; use bf16, xla_fp8, a GEMM format "
-                     f"({', '.join(gemm_formats())}), emu:FMT with FMT in "
-                     f"{', '.join(jax_gmma.FORMATS)}, or wo:FMT (FP4/FP6 weight-only GEMM) with FMT "
-                     f"in {', '.join(weightonly_formats())}") from None
-
-
-def prepare_params(master: Dict[str, Any], variant: Variant, bar=None) -> Dict[str, Any]:
-  """The variant's weights: the four Linears of every layer converted; embedding, norms and the
-  lm_head shared (bf16) with the master copy."""
-  out = {k: master[k] for k in ("embed", "final_norm", "lm_head")}
-  out["layers"] = []
-  for i, layer in enumerate(master["layers"]):
-    new = {}
-    for name, w in layer.items():
-      new[name] = w if name.endswith("norm") else variant.prepare(w)
-    out["layers"].append(jax.block_until_ready(new))
-    stage(bar, f"{variant.label}: weights {i + 1}/{len(master['layers'])}")
-  return out
-
-
-def tree_nbytes(tree) -> int:
-  return int(sum(np.dtype(a.dtype).itemsize * int(np.prod(a.shape))
-                 for a in jax.tree_util.tree_leaves(tree)))
-
-
-# ----------------------------------------------------------------------------------------------
-# The model
-# ----------------------------------------------------------------------------------------------
-def rms_norm(x, gain, eps):
-  x32 = x.astype(F32)
-  y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + eps)
-  return (y * gain.astype(F32)).astype(BF16)
+  def __call__(self, x):
+    x32 = x.astype(F32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + self.eps)
+    return (y * self.scale.get_value().astype(F32)).astype(BF16)
 
 
 def rope(x, pos, theta):
@@ -387,87 +332,288 @@ def attention(q, k, v, q_pos):
   return o.reshape(b, t, h * d)
 
 
-def decoder_layer(lp, h, pos, kv, cfg: LlamaConfig, variant: Variant):
-  """One Llama block on h (B, T, hidden) bf16 at positions pos (T,) = start + arange(T).
-  kv: None (attend to this call's own keys; start must be 0) or this layer's (k, v) cache
-  (B, S, KV, D), updated at pos and returned."""
-  bsz, t, _ = h.shape
-  nh, nkv, d = cfg.heads, cfg.kv_heads, cfg.head_dim
-  x = rms_norm(h, lp["attn_norm"], cfg.eps)
-  qkv = variant.linear(x, lp["wqkv"])
-  q = qkv[..., : nh * d].reshape(bsz, t, nh, d)
-  k = qkv[..., nh * d:(nh + nkv) * d].reshape(bsz, t, nkv, d)
-  v = qkv[..., (nh + nkv) * d:].reshape(bsz, t, nkv, d)
-  q, k = rope(q, pos, cfg.rope_theta), rope(k, pos, cfg.rope_theta)
-  if kv is not None:
-    kc = jax.lax.dynamic_update_slice(kv[0], k, (0, pos[0], 0, 0))
-    vc = jax.lax.dynamic_update_slice(kv[1], v, (0, pos[0], 0, 0))
-    kv = (kc, vc)
-    k, v = kc, vc
-  h = h + variant.linear(attention(q, k, v, pos), lp["wo"])
-  x = rms_norm(h, lp["ffn_norm"], cfg.eps)
-  gu = variant.linear(x, lp["w_gate_up"])
-  act = (jax.nn.silu(gu[..., : cfg.ffn].astype(F32)) * gu[..., cfg.ffn:].astype(F32)).astype(BF16)
-  h = h + variant.linear(act, lp["w_down"])
-  return h, kv
+class DecoderLayer(nnx.Module):
+  """One Llama block: RMSNorm, fused QKV, RoPE, GQA attention, o_proj, RMSNorm, fused gate/up,
+  SwiGLU, down_proj. The four projections are ``nnx.Linear`` until a variant converts them."""
+
+  def __init__(self, cfg: LlamaConfig, key, ones, rngs: nnx.Rngs):
+    w = {name: _kernel_bf16(jax.random.fold_in(key, j), shape=(n, k), std=1.0 / math.sqrt(k))
+         for j, (name, (n, k)) in enumerate(cfg.linear_shapes().items())}
+    self.cfg = cfg
+    self.attn_norm = RMSNorm(ones, cfg.eps)
+    self.wqkv = _linear(w["wqkv"], rngs)
+    self.wo = _linear(w["wo"], rngs)
+    self.ffn_norm = RMSNorm(ones, cfg.eps)
+    self.w_gate_up = _linear(w["w_gate_up"], rngs)
+    self.w_down = _linear(w["w_down"], rngs)
+
+  def __call__(self, h, pos, kv):
+    """h (B, T, hidden) bf16 at positions pos (T,) = start + arange(T). kv: None (attend to this
+    call's own keys; start must be 0) or this layer's (k, v) cache (B, S, KV, D), updated at pos
+    and returned."""
+    cfg = self.cfg
+    bsz, t, _ = h.shape
+    nh, nkv, d = cfg.heads, cfg.kv_heads, cfg.head_dim
+    x = self.attn_norm(h)
+    qkv = self.wqkv(x)
+    q = qkv[..., : nh * d].reshape(bsz, t, nh, d)
+    k = qkv[..., nh * d:(nh + nkv) * d].reshape(bsz, t, nkv, d)
+    v = qkv[..., (nh + nkv) * d:].reshape(bsz, t, nkv, d)
+    q, k = rope(q, pos, cfg.rope_theta), rope(k, pos, cfg.rope_theta)
+    if kv is not None:
+      kc = jax.lax.dynamic_update_slice(kv[0], k, (0, pos[0], 0, 0))
+      vc = jax.lax.dynamic_update_slice(kv[1], v, (0, pos[0], 0, 0))
+      kv = (kc, vc)
+      k, v = kc, vc
+    h = h + self.wo(attention(q, k, v, pos))
+    x = self.ffn_norm(h)
+    gu = self.w_gate_up(x)
+    act = (jax.nn.silu(gu[..., : cfg.ffn].astype(F32)) * gu[..., cfg.ffn:].astype(F32)).astype(BF16)
+    h = h + self.w_down(act)
+    return h, kv
 
 
-def model_apply(params, tokens, start, cache, cfg: LlamaConfig, variant: Variant,
-                last_only: bool):
-  """tokens (B, T) at positions start.. -> float32 logits (B, T, V) (or (B, V) at the last
-  position) and the updated cache (a list of per-layer (k, v), or None)."""
-  t = tokens.shape[1]
-  pos = start + jnp.arange(t, dtype=jnp.int32)
-  h = params["embed"][tokens]
-  new_cache = []
-  for i, lp in enumerate(params["layers"]):
-    h, kv = decoder_layer(lp, h, pos, None if cache is None else cache[i], cfg, variant)
-    new_cache.append(kv)
-  if last_only:
-    h = h[:, -1]
-  h = rms_norm(h, params["final_norm"], cfg.eps)
-  logits = jnp.einsum("...k,vk->...v", h, params["lm_head"], preferred_element_type=F32)
-  return logits, (None if cache is None else new_cache)
+class Llama(nnx.Module):
+  """The float (bf16) decoder with seeded random weights: Linear weights (N, K) ~ N(0, 1/K)
+  (unit-variance outputs for unit-variance inputs), embedding ~ N(0, 1), lm_head (vocab, hidden)
+  ~ N(0, 1/hidden), RMSNorm gains 1. Generated on the default device one matrix at a time (under
+  ``nnx.eval_shape``: nothing generated, an abstract model).
+
+  ``model(tokens, start, cache, last_only)``: tokens (B, T) at positions start.. -> float32
+  logits (B, T, V) (or (B, V) at the last position) and the updated cache (a list of per-layer
+  (k, v), or None)."""
+
+  def __init__(self, cfg: LlamaConfig, *, seed: int = 0, progress: bool = False):
+    root = jax.random.PRNGKey(seed)
+    rngs = nnx.Rngs(seed)  # nnx.Linear's constructor takes one; the kernels are given
+    ones = jnp.ones((cfg.hidden,), BF16)
+    self.cfg = cfg
+    self.embed = nnx.Param(_normal_bf16(jax.random.fold_in(root, 1_000_000),
+                                        shape=(cfg.vocab, cfg.hidden), std=1.0))
+    layers = []
+    with progress_bar(cfg.layers, "random weights (layers)", progress) as bar:
+      for i in range(cfg.layers):
+        layers.append(DecoderLayer(cfg, jax.random.fold_in(root, i), ones, rngs))
+        if progress:
+          jax.block_until_ready(nnx.state(layers[-1]))
+        bar.update()
+    self.layers = nnx.List(layers)
+    self.final_norm = RMSNorm(ones, cfg.eps)
+    self.lm_head = nnx.Param(_normal_bf16(jax.random.fold_in(root, 1_000_001),
+                                          shape=(cfg.vocab, cfg.hidden),
+                                          std=1.0 / math.sqrt(cfg.hidden)))
+
+  def __call__(self, tokens, start, cache, last_only: bool):
+    t = tokens.shape[1]
+    pos = start + jnp.arange(t, dtype=jnp.int32)
+    h = self.embed.get_value()[tokens]
+    new_cache = []
+    for i, layer in enumerate(self.layers):
+      h, kv = layer(h, pos, None if cache is None else cache[i])
+      new_cache.append(kv)
+    if last_only:
+      h = h[:, -1]
+    h = self.final_norm(h)
+    logits = jnp.einsum("...k,vk->...v", h, self.lm_head.get_value(), preferred_element_type=F32)
+    return logits, (None if cache is None else new_cache)
 
 
+# ----------------------------------------------------------------------------------------------
+# Formats (model variants)
+# ----------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Variant(Spec):
+  """A format spec: kind "bf16", "xla_fp8", or a jax-gmma GEMM / emulation / weight-only spec
+  (``quantized_linear``). Hashable."""
+
+  @property
+  def description(self) -> str:
+    return {"bf16": "bf16 dot (baseline)",
+            "xla_fp8": "XLA fp8 dot_general",
+            "gemm": "jax_gmma.dot GEMM",
+            "weightonly": "FP4/FP6 weight-only GEMM (x bf16)",
+            "emulated": f"emulation (x {self.x_format})"}[self.kind]
+
+
+def parse_variant(spec: str) -> Variant:
+  """``bf16`` | ``xla_fp8`` | a jax_gmma.dot GEMM format | ``emu:FMT`` (quantize/dequantize) |
+  ``wo:FMT`` (FP4/FP6 weight-only GEMM)."""
+  spec = spec.strip()
+  if spec in ("bf16", "xla_fp8"):
+    return Variant(label=spec, kind=spec)
+  try:
+    return parse_spec(spec, Variant)
+  except UnknownFormat:
+    raise ValueError(f"{spec}: unknown format; use bf16, xla_fp8, a GEMM format "
+                     f"({', '.join(gemm_formats())}), emu:FMT with FMT in "
+                     f"{', '.join(jax_gmma.FORMATS)}, or wo:FMT (FP4/FP6 weight-only GEMM) with FMT "
+                     f"in {', '.join(weightonly_formats())}") from None
+
+
+class Bf16Linear(nnx.Module):
+  """``bf16``: ``y = x @ w.T`` as ``lax.dot_general`` on bf16 operands, bf16 out, with the
+  (N, K) = (out, in) weight (the layout every other variant multiplies)."""
+
+  def __init__(self, w):
+    self.kernel = FrozenWeight(w)
+
+  @classmethod
+  def from_linear(cls, linear: nnx.Linear) -> "Bf16Linear":
+    return cls(kernel_nk(linear))
+
+  def __call__(self, x):
+    lead, k = x.shape[:-1], x.shape[-1]
+    y = jax.lax.dot_general(x.reshape(-1, k), self.kernel.get_value(), NT,
+                            preferred_element_type=BF16)
+    return y.reshape(*lead, y.shape[-1])
+
+
+def _quantize_per_token_e4m3(x2):
+  """(M, K) float -> (M, K) float8_e4m3fn, (M,) float32 dequantization scales (amax / 448 per
+  row, zero rows -> 1): jax_gmma's fp8_channel rule, spelled in plain jnp for the XLA path."""
+  x32 = x2.astype(F32)
+  amax = jnp.max(jnp.abs(x32), axis=-1)
+  scale = jnp.where(amax > 0, jnp.maximum(amax / E4M3_MAX, F32_TINY), 1.0)
+  q = jnp.clip(x32 / scale[:, None], -E4M3_MAX, E4M3_MAX).astype(jnp.float8_e4m3fn)
+  return q, scale
+
+
+class XlaFp8Linear(nnx.Module):
+  """``xla_fp8``: XLA's FP8 GEMM. The (N, K) weight as float8_e4m3fn with (N,) float32
+  per-channel scales (``jax_gmma.quantize(w, "fp8_channel")``, once); every call quantizes x per
+  token in plain jnp and hands both fp8 operands to ``lax.dot_general`` (bf16 out), then
+  multiplies the scales in."""
+
+  def __init__(self, w8, scales):
+    self.kernel = FrozenWeight(w8)
+    self.scales = FrozenWeight(scales)
+
+  @classmethod
+  def from_linear(cls, linear: nnx.Linear) -> "XlaFp8Linear":
+    q = jax_gmma.quantize(kernel_nk(linear), "fp8_channel")  # data (N, K) e4m3, scales (N, 1)
+    return cls(q.data, q.scales.reshape(-1))
+
+  def __call__(self, x):
+    lead, k = x.shape[:-1], x.shape[-1]
+    x8, sx = _quantize_per_token_e4m3(x.reshape(-1, k))
+    y = jax.lax.dot_general(x8, self.kernel.get_value(), NT,
+                            preferred_element_type=BF16)  # fp8 x fp8 -> bf16
+    y = (y.astype(F32) * sx[:, None] * self.scales.get_value()[None, :]).astype(BF16)
+    return y.reshape(*lead, y.shape[-1])
+
+
+def own_layer(linear: nnx.Linear, variant: Variant) -> nnx.Module:
+  """This example's own layers (``convert``'s ``make``): bf16 and xla_fp8."""
+  if variant.kind == "bf16":
+    return Bf16Linear.from_linear(linear)
+  if variant.kind == "xla_fp8":
+    return XlaFp8Linear.from_linear(linear)
+  raise ValueError(f"{variant.label}: no layer of kind {variant.kind!r}")
+
+
+def rules(variant: Variant):
+  """The conversion rules of a variant: the four Linears of every layer to its spec (the rest
+  has no ``nnx.Linear``)."""
+  return [(LAYER_LINEARS, variant)]
+
+
+def convert_model(model: Llama, variant: Variant):
+  """Converts the float ``model`` to ``variant`` in place: jax-gmma formats through
+  ``jax_gmma.nn.quantize_model(model, [(LAYER_LINEARS, spec)])``, bf16 / xla_fp8 / emu:FMT
+  through this example's layers. Returns quantize_model's summary (None for the others)."""
+  return convert(model, rules(variant), own_layer)
+
+
+def build_variant(model: Llama, variant: Variant) -> Llama:
+  """A converted copy of the float ``model`` (``nnx.clone``: it shares the arrays it does not
+  convert, e.g. the embedding and lm_head); the float model is left as it is."""
+  out = nnx.clone(model)
+  convert_model(out, variant)
+  return out
+
+
+def tree_nbytes(tree) -> int:
+  return int(sum(np.dtype(a.dtype).itemsize * int(np.prod(a.shape))
+                 for a in jax.tree_util.tree_leaves(tree)))
+
+
+# ----------------------------------------------------------------------------------------------
+# Checkpoints (orbax, through jax_gmma.checkpoint_orbax; quantized_linear's helpers)
+# ----------------------------------------------------------------------------------------------
+def abstract_variant(cfg: LlamaConfig, variant: Variant) -> Llama:
+  """The variant's model without values (``nnx.eval_shape``: nothing generated or quantized):
+  the target a checkpoint is restored into."""
+  return nnx.eval_shape(lambda: build_variant(Llama(cfg), variant))
+
+
+def load_model(path, cfg: LlamaConfig, variant: Variant) -> Llama:
+  """The variant saved at ``path`` by ``save_model``, bit-exact."""
+  return restore_model(path, abstract_variant(cfg, variant))
+
+
+def _check_checkpoint_dirs(cfg: LlamaConfig, labels: Sequence[str], save_dir, load_dir) -> None:
+  """Refuse, before any weight is built: a --load directory of another model shape or lacking a
+  format, a --save directory of another shape or already holding a format."""
+  want = dataclasses.asdict(cfg)
+  for root, loading in ((load_dir, True), (save_dir, False)):
+    if root is None:
+      continue
+    cfile = Path(root) / CONFIG_FILE
+    if cfile.is_file():
+      saved = json.loads(cfile.read_text()).get("config")
+      if saved != want:
+        raise ValueError(f"{root} holds checkpoints of the model {saved}, not {want}: pass the "
+                         "same shape flags (--preset/--layers/--hidden/...) as when it was saved"
+                         + ("" if loading else ", or another --save directory"))
+    elif loading:
+      raise ValueError(f"--load {root}: no {CONFIG_FILE} there (write it with --save {root})")
+  check_checkpoint_dirs(labels, save_dir, load_dir)
+
+
+# ----------------------------------------------------------------------------------------------
+# Jitted programs: the graphdef static, the state (an nnx.State, or its nnx.to_pure_dict) an
+# argument, nnx.merge inside (at trace time: the weights enter the program as its arguments)
+# ----------------------------------------------------------------------------------------------
 def empty_cache(cfg: LlamaConfig, batch: int, max_seq: int):
   shape = (batch, max_seq, cfg.kv_heads, cfg.head_dim)
   return [(jnp.zeros(shape, BF16), jnp.zeros(shape, BF16)) for _ in range(cfg.layers)]
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "variant"))
-def forward(params, tokens, *, cfg: LlamaConfig, variant: Variant):
+@functools.partial(jax.jit, static_argnums=0)
+def forward(graphdef, state, tokens):
   """No KV cache: logits (B, T, V) float32 for the whole sequence (causal), recomputed."""
-  return model_apply(params, tokens, 0, None, cfg, variant, last_only=False)[0]
+  model = nnx.merge(graphdef, state)
+  return model(tokens, 0, None, last_only=False)[0]
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "variant", "max_seq"))
-def prefill(params, tokens, *, cfg: LlamaConfig, variant: Variant, max_seq: int):
+@functools.partial(jax.jit, static_argnums=0, static_argnames=("max_seq",))
+def prefill(graphdef, state, tokens, *, max_seq: int):
   """One call over the prompt (B, P): last-position logits (B, V) float32 and the KV cache
   (B, max_seq, KV, D) per layer with slots 0..P-1 filled."""
-  cache = empty_cache(cfg, tokens.shape[0], max_seq)
-  return model_apply(params, tokens, 0, cache, cfg, variant, last_only=True)
+  model = nnx.merge(graphdef, state)
+  cache = empty_cache(model.cfg, tokens.shape[0], max_seq)
+  return model(tokens, 0, cache, last_only=True)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "variant", "steps", "collect_logits"),
+@functools.partial(jax.jit, static_argnums=0, static_argnames=("steps", "collect_logits"),
                    donate_argnames=("cache",))
-def generate(params, cache, tok0, start, forced, use_forced, *, cfg: LlamaConfig,
-             variant: Variant, steps: int, collect_logits: bool = False):
+def generate(graphdef, state, cache, tok0, start, forced, use_forced, *, steps: int,
+             collect_logits: bool = False):
   """``steps`` greedy decode steps in one XLA program (a fori_loop over tokens).
 
   Step i feeds one token per sequence at position start + i -- tok0 at i = 0, then the previous
   step's argmax; or ``forced[:, i]`` when ``use_forced`` (teacher forcing) -- and writes the
   argmax of its logits to tokens[:, i]. Returns tokens (B, steps) int32, the cache, and with
   ``collect_logits`` the float32 logits (steps, B, V)."""
+  model = nnx.merge(graphdef, state)
   bsz = tok0.shape[0]
   toks = jnp.zeros((bsz, steps), jnp.int32)
-  logits_acc = jnp.zeros((steps, bsz, cfg.vocab), F32) if collect_logits else None
+  logits_acc = jnp.zeros((steps, bsz, model.cfg.vocab), F32) if collect_logits else None
 
   def body(i, carry):
     cache, tok, toks, logits_acc = carry
     tok_in = jnp.where(use_forced, forced[:, i], tok)
-    logits, cache = model_apply(params, tok_in[:, None], start + i, cache, cfg, variant,
-                                last_only=True)
+    logits, cache = model(tok_in[:, None], start + i, cache, last_only=True)
     nxt = jnp.argmax(logits, axis=-1).astype(jnp.int32)
     toks = jax.lax.dynamic_update_slice(toks, nxt[:, None], (0, i))
     if logits_acc is not None:
@@ -517,28 +663,46 @@ def _sync(x):
   return jax.block_until_ready(x)
 
 
-def run_variant(variant: Variant, master, cfg: LlamaConfig, prompt, steps: int, max_seq: int,
-                repeats: int, bar=None, ref: Optional[Dict[str, np.ndarray]] = None
-                ) -> Tuple[Dict[str, Any], Dict[str, np.ndarray]]:
-  """Prepare the variant's weights, compile, generate (timed ``repeats`` times) and, given the
-  bf16 run ``ref``, teacher-force it on bf16's tokens. Returns (row, arrays)."""
+def run_variant(variant: Variant, model: Optional[Llama], cfg: LlamaConfig, prompt, steps: int,
+                max_seq: int, repeats: int, bar=None, ref: Optional[Dict[str, np.ndarray]] = None,
+                save_dir=None, load_dir=None) -> Tuple[Dict[str, Any], Dict[str, np.ndarray]]:
+  """Build the variant from the float ``model`` (or load it from ``load_dir``; save it to
+  ``save_dir``), compile, generate (timed ``repeats`` times) and, given the bf16 run ``ref``,
+  teacher-force it on bf16's tokens. Returns (row, arrays)."""
   t0 = time.perf_counter()
-  params = prepare_params(master, variant, bar)
+  if load_dir is not None:
+    stage(bar, f"{variant.label}: load")
+    vmodel = load_model(checkpoint_path(load_dir, variant.label), cfg, variant)
+  else:
+    stage(bar, f"{variant.label}: convert")
+    vmodel = build_variant(model, variant)
+  graphdef, state = nnx.split(vmodel)
+  # The compiled programs take the state as a plain nested dict (nnx.to_pure_dict; nnx.merge
+  # takes it as it takes the State): the cheapest pytree to flatten on every call.
+  params = _sync(nnx.to_pure_dict(state))
   prep_s = time.perf_counter() - t0
-  weight_bytes = tree_nbytes(params["layers"])
-  shared_bytes = tree_nbytes({k: params[k] for k in ("embed", "final_norm", "lm_head")})
+  checkpoint: Dict[str, Any] = {}
+  if load_dir is not None:
+    checkpoint["loaded"] = str(checkpoint_path(load_dir, variant.label))
+  if save_dir is not None:
+    stage(bar, f"{variant.label}: save")
+    path = checkpoint_path(save_dir, variant.label)
+    t0 = time.perf_counter()
+    save_model(path, vmodel)
+    checkpoint.update(saved=str(path), save_s=time.perf_counter() - t0)
+  weight_bytes = tree_nbytes(state)
+  layer_bytes = tree_nbytes(nnx.state(vmodel.layers))
   bsz, plen = prompt.shape
-  sargs = dict(cfg=cfg, variant=variant)
   no_force = jnp.zeros((bsz, steps), jnp.int32)
 
   stage(bar, f"{variant.label}: compile")
   t0 = time.perf_counter()
-  pre_c = prefill.lower(params, prompt, max_seq=max_seq, **sargs).compile()
+  pre_c = prefill.lower(graphdef, params, prompt, max_seq=max_seq).compile()
   logits0, cache = pre_c(params, prompt)
   tok0 = jnp.argmax(logits0, -1).astype(jnp.int32)
   start = jnp.asarray(plen, jnp.int32)
-  gen_c = generate.lower(params, cache, tok0, start, no_force, jnp.asarray(False),
-                         steps=steps, **sargs).compile()
+  gen_c = generate.lower(graphdef, params, cache, tok0, start, no_force, jnp.asarray(False),
+                         steps=steps).compile()
   compile_s = time.perf_counter() - t0
   calls = hlo_custom_calls(gen_c)
 
@@ -571,9 +735,11 @@ def run_variant(variant: Variant, master, cfg: LlamaConfig, prompt, steps: int, 
       "tokens_per_s": bsz * steps / gen_s, "ms_per_token": 1e3 * gen_s / steps,
       "decode_s": gen_s, "decode_s_all": gen_t, "prefill_ms": 1e3 * float(np.median(pre_t)),
       "prefill_ms_all": [1e3 * x for x in pre_t], "compile_s": compile_s, "prepare_s": prep_s,
-      "layer_weight_bytes": weight_bytes, "weight_bytes": weight_bytes + shared_bytes,
+      "layer_weight_bytes": layer_bytes, "weight_bytes": weight_bytes,
       "custom_calls": calls,
   }
+  if checkpoint:
+    row["checkpoint"] = checkpoint
   if not np.all(np.isfinite(logits0)):
     raise FloatingPointError(f"{variant.label}: non-finite prefill logits")
   if ref is not None:
@@ -589,9 +755,12 @@ def run_variant(variant: Variant, master, cfg: LlamaConfig, prompt, steps: int, 
 
 def run(formats: Sequence[str] = DEFAULT_FORMATS, cfg: LlamaConfig = LlamaConfig(),
         batch: int = 1, prompt_len: int = 32, gen_tokens: int = 32, max_seq: Optional[int] = None,
-        repeats: int = 3, seed: int = 0, progress: bool = True, log=print) -> Dict[str, Any]:
-  """Build the bf16 master weights, then run every format on the same prompt. The bf16 model
-  always runs first (it is the reference of every comparison)."""
+        repeats: int = 3, seed: int = 0, progress: bool = True, log=print, save_dir=None,
+        load_dir=None) -> Dict[str, Any]:
+  """Build the float (bf16) model, then run every format on the same prompt. The bf16 model
+  always runs first (it is the reference of every comparison). ``save_dir``: save every variant
+  there (orbax, one directory per format); ``load_dir``: load every variant from there instead
+  of building it (no float model is generated)."""
   variants = [parse_variant(f) for f in formats]
   labels = [v.label for v in variants]
   if len(set(labels)) != len(labels):
@@ -605,8 +774,8 @@ def run(formats: Sequence[str] = DEFAULT_FORMATS, cfg: LlamaConfig = LlamaConfig
     raise ValueError(f"max_seq ({max_seq}) must be >= prompt_len + gen_tokens ({need})")
   kinds = {v.kind for v in variants}
   cfg.check_shapes(kinds)
+  _check_checkpoint_dirs(cfg, [v.label for v in variants], save_dir, load_dir)
   if kinds & {"gemm", "weightonly"}:
-    from jax_gmma import _backend
     if _backend.cuda_devices():  # fail now, not after building 16 GB of weights
       if "gemm" in kinds:
         _backend.check_cuda_kernels("dot")
@@ -626,15 +795,24 @@ def run(formats: Sequence[str] = DEFAULT_FORMATS, cfg: LlamaConfig = LlamaConfig
     log("note: full Llama-3-8B widths on a CPU take about a second per decode step per format; "
         "--preset tiny is the quick smoke run")
   t0 = time.perf_counter()
-  master = init_params(cfg, seed, progress)
+  if load_dir is None:
+    model = Llama(cfg, seed=seed, progress=progress)
+  else:
+    model = None
+    log(f"weights: every format loaded from {load_dir}")
   init_s = time.perf_counter() - t0
+  if save_dir is not None:
+    Path(save_dir).mkdir(parents=True, exist_ok=True)
+    (Path(save_dir) / CONFIG_FILE).write_text(
+        json.dumps({"config": dataclasses.asdict(cfg)}, indent=2) + "\n")
   prompt = jnp.asarray(np.random.default_rng(seed).integers(0, cfg.vocab, (batch, prompt_len)),
                        jnp.int32)
 
   rows, ref = [], None
   with progress_bar(len(variants), "formats", progress) as bar:
     for v in variants:
-      row, arrays = run_variant(v, master, cfg, prompt, gen_tokens, max_seq, repeats, bar, ref)
+      row, arrays = run_variant(v, model, cfg, prompt, gen_tokens, max_seq, repeats, bar, ref,
+                                save_dir=save_dir, load_dir=load_dir)
       if ref is None:
         ref = arrays
       rows.append(row)
@@ -663,6 +841,8 @@ def run(formats: Sequence[str] = DEFAULT_FORMATS, cfg: LlamaConfig = LlamaConfig
       "config": dataclasses.asdict(cfg), "n_params": cfg.n_params(), "batch": batch,
       "prompt_len": prompt_len, "gen_tokens": gen_tokens, "max_seq": max_seq,
       "repeats": repeats, "seed": seed, "init_s": init_s,
+      "save_dir": None if save_dir is None else str(save_dir),
+      "load_dir": None if load_dir is None else str(load_dir),
       "lm_head": "bf16 in every variant (as are the embedding and the norms)",
       "bf16_tokens": ref["tokens"].tolist(), "notes": notes, "results": rows,
   }
@@ -713,6 +893,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   ap.add_argument("--seed", type=int, default=0)
   ap.add_argument("--json", metavar="PATH", help="write all results as JSON")
   ap.add_argument("--no-progress", action="store_true", help="no progress bars")
+  ap.add_argument("--save", metavar="DIR",
+                  help="save every format's model to DIR/<format> (orbax; ':' becomes '-', e.g. "
+                       "DIR/wo-nvfp4) and the model shape to DIR/config.json")
+  ap.add_argument("--load", metavar="DIR",
+                  help="load every format's model from DIR (written by --save with the same "
+                       "shape flags) instead of generating and quantizing the weights")
   args = ap.parse_args(argv)
 
   shape = dict(PRESETS[args.preset])
@@ -725,12 +911,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   try:
     cfg = LlamaConfig(layers=args.layers, **shape)
     cfg.check_shapes({parse_variant(fmt).kind for fmt in formats})
+    if args.save or args.load:
+      labels = ["bf16"] + [parse_variant(f).label for f in formats]
+      _check_checkpoint_dirs(cfg, list(dict.fromkeys(labels)), args.save, args.load)
   except ValueError as e:
     ap.error(str(e))
   try:
     result = run(formats, cfg, batch=args.batch, prompt_len=args.prompt_len,
                  gen_tokens=args.gen_tokens, max_seq=args.max_seq, repeats=args.repeats,
-                 seed=args.seed, progress=not args.no_progress)
+                 seed=args.seed, progress=not args.no_progress, save_dir=args.save,
+                 load_dir=args.load)
   except jax_gmma.KernelUnavailable as e:
     print(f"llama_decode: {e}", file=sys.stderr)
     return 2
@@ -752,6 +942,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print("\ncustom calls in each compiled decode program:")
     for k, v in calls.items():
       print(f"  {k}: " + ", ".join(f"{t} x{n}" for t, n in sorted(v.items())))
+  saved = [r for r in result["results"] if "saved" in r.get("checkpoint", {})]
+  if saved:
+    print(f"\nsaved {len(saved)} models (orbax) under {args.save}; run again with --load "
+          f"{args.save} to use them")
   for note in result["notes"]:
     print(f"\nnote: {note}")
   if args.json:

