@@ -60,3 +60,20 @@ def fake_hopper(monkeypatch):
   monkeypatch.setattr(_backend, "kernels_built", lambda: True)
   monkeypatch.setattr(_backend, "built_archs", lambda: ["sm_90a"])
   monkeypatch.setattr(_backend, "cuda_devices", lambda: [Dev()])
+
+
+@pytest.fixture
+def ragged_dot_without_kernel(monkeypatch):
+  """``jax_gmma.ragged_dot`` as on a CUDA GPU without its grouped kernel: KernelUnavailable
+  unless the reference is allowed (then the reference runs); the global opt-in off whatever
+  JAX_GMMA_ALLOW_REFERENCE says. The test fakes the GPU itself."""
+  import jax_gmma
+  from jax_gmma import _backend
+  real = jax_gmma.ragged_dot
+
+  def no_kernel(*a, **kw):
+    if not _backend.reference_allowed():
+      raise _backend.unavailable("ragged_dot", "no grouped GEMM kernel (simulated)")
+    return real(*a, **kw)
+  monkeypatch.setattr(jax_gmma, "ragged_dot", no_kernel)
+  monkeypatch.setattr(_backend, "_global_allow", [False])

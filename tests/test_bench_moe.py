@@ -152,22 +152,14 @@ def test_routing_runs_on_the_device(bm, cpu_device):
   assert bm.PRESETS["deepseek-v3"].rows(16) == 16 and bm.PRESETS["qwen3-30b-a3b"].rows(16) == 128
 
 
-def test_ours_unavailable_on_a_gpu_is_recorded_not_fatal(bm, tmp_path, monkeypatch):
+def test_ours_unavailable_on_a_gpu_is_recorded_not_fatal(bm, tmp_path, monkeypatch,
+                                                        ragged_dot_without_kernel):
   """A CUDA GPU whose ragged_dot has no kernel (simulated: the backend reports a GPU, and
   jax_gmma.ragged_dot refuses unless the reference is allowed): ours' cells are "unavailable"
   with jax-gmma's reason and the run succeeds; --allow-reference times the reference instead."""
-  import jax_gmma
   from jax_gmma import _backend
-  real = jax_gmma.ragged_dot
-
-  def no_kernel(*a, **kw):
-    if not _backend.reference_allowed():
-      raise _backend.unavailable("ragged_dot", "no grouped GEMM kernel (simulated)")
-    return real(*a, **kw)
-  monkeypatch.setattr(jax_gmma, "ragged_dot", no_kernel)
   monkeypatch.setattr(_backend, "cuda_devices", lambda: ["fake"])
   monkeypatch.setattr(bm, "warm_gpu", lambda *a, **kw: None)
-  monkeypatch.setattr(_backend, "_global_allow", [False])  # whatever JAX_GMMA_ALLOW_REFERENCE says
   argv = ["--quick", "--no-torch", "--no-plot", "--prefill-tokens", "", "--routings", "uniform",
           "--impls", "ours_fp8_128x128,lax_ragged_dot_bf16"]
   assert bm.main(argv + ["--out", str(tmp_path / "a")]) == 0

@@ -103,21 +103,12 @@ def test_command_line_writes_json(tmp_path):
   assert bad.returncode == 2 and "unknown expert format" in bad.stderr
 
 
-def test_gpu_without_grouped_kernels_skips_or_says_reference(md, monkeypatch, cpu_device):
+def test_gpu_without_grouped_kernels_skips_or_says_reference(md, monkeypatch, cpu_device,
+                                                            ragged_dot_without_kernel):
   """Simulated: the backend reports a CUDA GPU and ragged_dot refuses without the reference.
   Default: the quantized formats are skipped with jax-gmma's reason; --allow-reference: they run
   the reference and the notes say so."""
-  import jax_gmma
-  from jax_gmma import _backend
-  real = jax_gmma.ragged_dot
-
-  def no_kernel(*a, **kw):
-    if not _backend.reference_allowed():
-      raise _backend.unavailable("ragged_dot", "no grouped GEMM kernel (simulated)")
-    return real(*a, **kw)
-  monkeypatch.setattr(jax_gmma, "ragged_dot", no_kernel)
   monkeypatch.setattr(md, "on_cuda", lambda: True)
-  monkeypatch.setattr(_backend, "_global_allow", [False])
   cfg = md.Config(hidden=64, inter=32, experts=4, top_k=2, layers=1)
   kw = dict(formats=("bf16", "fp8_128x128", "wo:mxfp4"), cfg=cfg, batch=2, steps=2, repeats=1,
             log=lambda s: None)
