@@ -89,7 +89,7 @@ CASES = {
                                (RD, "w has format 'mxfp6_e2m3'", "PackedWeight")),
     "rd-w-leading-axis": Case(_rd(_x(), _short_scales()), ValueError, (RD, "w.scales", "leading expert axis (3,)")),
     "rd-w-packed-one": Case(_rd(_x(), jax_gmma.weightonly.prepare(_wf()[0], "nvfp4")), ValueError,
-                            (RD, "PackedWeight of G experts", "jax.vmap")),
+                            (RD, "PackedWeight of G experts", "(G, N, K) experts")),
     "rd-w-packed-leading-axis": Case(_rd(_x(), _short_packed()), ValueError,
                                      (RD, "w.scales", "leading expert axis (3,)")),
     "rd-w-e5m2": Case(_rd(_x(), _w(dtype=jnp.float8_e5m2)), TypeError, (RD, "w must have float8_e4m3fn")),

@@ -109,6 +109,42 @@ def test_list_of_experts_equals_stacked():
   _same(jax_gmma.ragged_dot(x, packed, SIZES), jax_gmma.ragged_dot(x, _weights("mxfp4", jnp.asarray(w)), SIZES))
 
 
+@pytest.mark.parametrize("fmt", PACKED)
+def test_prepare_takes_stacked_experts(fmt):
+  """weightonly.prepare on (G, N, K) experts (float, or a QuantizedArray quantized along K such as
+  an imported gpt-oss MXFP4 tensor) = the G experts prepared one by one, stacked: bit for bit,
+  and the same ragged_dot."""
+  x, w, _, bias = _inputs(fmt, 13)
+  stacked = jax_gmma.weightonly.prepare(jnp.asarray(w), fmt)
+  one = [jax_gmma.weightonly.prepare(jnp.asarray(w[g]), fmt) for g in range(G)]
+  for name in ("packed", "scales", "global_scale"):
+    want = np.stack([np.asarray(getattr(e, name)) for e in one])
+    assert np.asarray(getattr(stacked, name)).tobytes() == want.tobytes(), name
+  assert stacked.fp8_exact == all(e.fp8_exact for e in one)
+  _same(jax_gmma.ragged_dot(x, stacked, SIZES, bias=bias), jax_gmma.ragged_dot(x, one, SIZES, bias=bias))
+  if fmt != "nvfp4":  # one (G, N, K) QuantizedArray: the same blocks as per-expert quantization
+    qa = jax_gmma.quantize(jnp.asarray(w), fmt)
+    assert np.asarray(jax_gmma.weightonly.prepare(qa).packed).tobytes() == np.asarray(stacked.packed).tobytes()
+  traced = jax.jit(lambda w: jax_gmma.weightonly.prepare(w, fmt))(jnp.asarray(w))
+  assert np.asarray(traced.packed).tobytes() == np.asarray(stacked.packed).tobytes()
+  assert traced.fp8_exact is None  # exactness is only established outside a trace
+
+
+def test_prepare_stacked_refuses_an_expert_out_of_range():
+  """The value rule of prepare holds per expert: eagerly an error naming the expert, under
+  jax.jit that expert's rows poisoned (NaN), the others exact."""
+  w = np.random.default_rng(3).standard_normal((3, 32, 256)).astype(np.float32)
+  w[1, 0, :32] *= 2.0 ** 100  # blocks 2^200 apart in expert 1: past the exact range
+  w[1, 1, :32] *= 2.0 ** -100
+  qa = jax_gmma.quantize(jnp.asarray(w), "mxfp4")
+  with pytest.raises(ValueError, match=r"^jax_gmma.weightonly.prepare: expert 1's mxfp4 block scales"):
+    jax_gmma.weightonly.prepare(qa)
+  wp = jax.jit(jax_gmma.weightonly.prepare)(qa)
+  y = np.asarray(jax_gmma.ragged_dot(jnp.ones((6, 256), jnp.bfloat16), wp, jnp.array([2, 2, 2], jnp.int32),
+                                     out_dtype=jnp.float32))
+  assert np.isfinite(y[:2]).all() and np.isfinite(y[4:]).all() and not np.isfinite(y[2:4]).all()
+
+
 def test_quantized_x_and_x_format():
   x, _, wq, _ = _inputs("fp8_channel", 2)
   for xf in ("fp8_channel", "fp8_tensor"):

@@ -404,7 +404,7 @@ def check_weight(w):
     if len(w.packed.shape) != 4:
       raise ValueError(f"{WHO}: w must be a PackedWeight of G experts (w.packed (G, N / 16, Kp / 64, "
                        f"bytes)), got w.packed of shape {tuple(w.packed.shape)}; prepare the experts "
-                       f"with jax.vmap(lambda e: jax_gmma.weightonly.prepare(e, {w.format!r}))(w) or "
+                       f"with jax_gmma.weightonly.prepare(w, {w.format!r}) on the (G, N, K) experts or "
                        "pass a list of them")
     g = w.packed.shape[0]
     for name in ("packed", "scales", "global_scale"):
@@ -422,7 +422,7 @@ def check_weight(w):
   fmt = w.format.name
   if fmt in weightonly.WEIGHT_FORMATS:
     raise ValueError(f"{WHO}: w has format {fmt!r}: FP4 / FP6 expert weights are multiplied as "
-                     f"PackedWeights: jax.vmap(lambda e: jax_gmma.weightonly.prepare(e, {fmt!r}))(w)")
+                     f"PackedWeights: jax_gmma.weightonly.prepare(w) (G experts in one PackedWeight)")
   if fmt not in X_FORMATS:
     raise ValueError(f"{WHO}: w has format {fmt!r}; supported expert-weight formats: "
                      f"{', '.join(WEIGHT_FORMATS)}")
@@ -576,7 +576,8 @@ def ragged_dot(x, w, group_sizes, *, bias=None, out_dtype=None, x_format: Option
       carry a leading expert axis (``jax.vmap(lambda e: jax_gmma.quantize(e, fmt))(w)``: the
       form of fp8_tensor, one scale per expert), or FP4 / FP6 experts (nvfp4, mxfp4,
       mxfp6_e2m3, mxfp6_e3m2) as a PackedWeight of G experts
-      (``jax.vmap(lambda e: jax_gmma.weightonly.prepare(e, fmt))(w)``), or a list / tuple of G
+      (``jax_gmma.weightonly.prepare(w, fmt)`` on the (G, N, K) float experts, or on a (G, N, K)
+      QuantizedArray of the format), or a list / tuple of G
       expert weights (QuantizedArrays of (N, K) or PackedWeights of one format and shape,
       stacked here).
     group_sizes: (G,) integer array (int32; other integer dtypes are converted to int32), on

@@ -451,6 +451,11 @@ def prepare(w, format: Optional[str] = None) -> PackedWeight:
   row-major scales. N must be a multiple of 16; K is padded to a multiple of 64 with zero
   weights (any K >= 1). Runs in JAX (jit-able, vmap-able, any backend).
 
+  Stacked experts: a float (G, N, K) array (each expert quantized on its own) or a (G, N, K)
+  QuantizedArray quantized along K (for example an imported gpt-oss MXFP4 expert tensor) give
+  one PackedWeight whose arrays carry a leading expert axis, each expert laid out as an (N, K)
+  weight: the expert weights ``jax_gmma.ragged_dot`` takes.
+
   Value rules (see the module docstring, "The exact range of MX block scales"): an MX weight
   whose block scales span more binades than the kernel applies exactly, or a QuantizedArray
   whose elements are not numbers of its format, is refused here; under ``jax.jit`` /
@@ -469,8 +474,12 @@ def prepare(w, format: Optional[str] = None) -> PackedWeight:
                   f"a float (N, K) array or a QuantizedArray of a weight-only format {WEIGHT_FORMATS}",
                   "a float (bfloat16, float16, float32) (N, K) array or a QuantizedArray of a "
                   "weight-only format")
+    if w.ndim == 3:  # G experts, each quantized on its own (its own NVFP4 global scale)
+      _check_nk(who, *w.shape[1:])
+      return _prepare_stacked(jax.vmap(lambda e: quantize(e, format))(w), who)
     if w.ndim != 2:
-      raise ValueError(f"{who}: w must be a 2-D (N, K) weight, got shape {w.shape}")
+      raise ValueError(f"{who}: w must be a 2-D (N, K) weight or (G, N, K) stacked experts, got "
+                       f"shape {w.shape}")
     _check_nk(who, *w.shape)
     w = quantize(w, format)
   fmt = w.format.name
@@ -478,6 +487,8 @@ def prepare(w, format: Optional[str] = None) -> PackedWeight:
     raise ValueError(f"{who}: w is {fmt}, not {format}")
   if fmt not in WEIGHT_FORMATS:
     raise ValueError(f"{who}: w has format {fmt!r}; the Hopper weight-only kernel takes {WEIGHT_FORMATS}")
+  if w.ndim == 3 and w.axis == 2:
+    return _prepare_stacked(w, who)
   if w.ndim != 2 or w.axis != 1:
     raise ValueError(f"{who}: w must be an (N, K) weight quantized along its last axis, got shape "
                      f"{w.shape}, axis {w.axis}")
@@ -525,6 +536,67 @@ def prepare(w, format: Optional[str] = None) -> PackedWeight:
           f"{nout} blocks would not fit (under jax.jit they are poisoned: NaN)")
     exact = fmt in FP8_SPREAD and bool(jax.device_get(exact))
   return _packed_weight(packed, codes, gs, fmt, n, k, exact)
+
+
+def _prepare_stacked(w: QuantizedArray, who: str) -> PackedWeight:
+  """G experts (a QuantizedArray of shape (G, N, K), quantized along K, row-major scales) as one
+  PackedWeight whose arrays carry a leading expert axis: each expert laid out as
+  :func:`prepare` lays out one (N, K) weight (what ``jax_gmma.ragged_dot`` takes). The global
+  scale: one per expert ((G,) or (G, 1), as ``jax.vmap`` of ``quantize`` gives), or one shared
+  by all (a scalar). The value rules are prepare's, over every expert."""
+  fmt = w.format.name
+  if w.layout != "rowmajor":
+    raise ValueError(f"{who}: w's scales must be row-major (quantize without layout=), got {w.layout!r}")
+  data, scales = w.data, w.scales
+  # (G, N, K), or one (N, K) expert whose arrays carry the leading expert axis (jax.vmap of quantize)
+  g, n, k = w.shape if len(w.shape) == 3 else (data.shape[0], *w.shape)
+  _check_nk(who, n, k)
+  bk = _BLOCK_K[fmt]
+  if (len(data.shape) != 3 or data.shape[:2] != (g, n) or data.shape[2] < k
+      or not jnp.issubdtype(data.dtype, jnp.floating)):
+    raise ValueError(f"{who}: w.data must be a float ({g}, {n}, >= {k}) array ({fmt}), got "
+                     f"{np.dtype(data.dtype).name}{tuple(data.shape)}")
+  sdt = np.dtype(w.format.scale_dtype)
+  if np.dtype(scales.dtype) != sdt:
+    raise TypeError(f"{who}: w.scales must be {sdt.name} for {fmt}, got {np.dtype(scales.dtype).name}")
+  if len(scales.shape) != 3 or scales.shape[:2] != (g, n) or scales.shape[2] < -(-k // bk):
+    raise ValueError(f"{who}: w.scales must have shape ({g}, {n}, >= {-(-k // bk)}) for {fmt} (one "
+                     f"scale per {bk} of K), got {tuple(scales.shape)}")
+  gs = w.global_scale
+  if gs is None:
+    gs = jnp.ones((g, 1), jnp.float32)
+  elif (hasattr(gs, "dtype") and jnp.issubdtype(gs.dtype, jnp.floating)
+        and int(np.prod(np.shape(gs))) in (1, g)):
+    gs = jnp.broadcast_to(jnp.reshape(gs, (-1, 1)), (g, 1)).astype(jnp.float32)
+  else:
+    raise ValueError(f"{who}: w.global_scale must be a float scalar or one per expert ({g},) "
+                     f"({fmt}), got {getattr(gs, 'dtype', type(gs).__name__)}{np.shape(gs)}")
+  packed, codes, gsc, exact, stats = jax.vmap(
+      lambda d, s_, g_: _prepare_impl(d, s_, g_, fmt, n, k))(data, scales, gs)
+  if isinstance(stats, jax.core.Tracer):
+    flag = None
+  else:
+    st = np.asarray(jax.device_get(stats))
+    nout, noff = int(st[:, 0].sum()), int(st[:, 1].sum())
+    if noff:
+      e = int(np.flatnonzero(st[:, 1])[0])
+      raise ValueError(f"{who}: {noff} elements of w.data are not {np.dtype(_ELEM[fmt][0]).name} "
+                       f"numbers (NaN, or off the {fmt} grid; the first in expert {e}); they "
+                       "cannot be stored")
+    if nout:
+      e = int(np.flatnonzero(st[:, 0])[0])
+      lo, hi = MX_CODE_RANGE[fmt]
+      cmin, cmax = int(st[e, 2]), int(st[e, 3])
+      raise ValueError(
+          f"{who}: expert {e}'s {fmt} block scales span 2^{cmin - 127} .. 2^{cmax - 127} "
+          f"({cmax - cmin} binades, all-zero and NaN blocks aside): more than the {hi - lo} "
+          f"binades the kernel applies exactly (one power-of-two global scale times E8M0 codes "
+          f"{lo} .. {hi}); {nout} blocks of the experts would not fit (under jax.jit they are "
+          "poisoned: NaN)")
+    flag = fmt in FP8_SPREAD and bool(np.all(jax.device_get(exact)))
+  wp = jax.vmap(lambda p_, c_, g_: _packed_weight(p_, c_, g_, fmt, n, k, None))(packed, codes, gsc)
+  wp.fp8_exact = flag
+  return wp
 
 
 # -- the FP8 view of an MX weight (the prefill path's FP8 route) -------------------------------
