@@ -54,9 +54,17 @@ layout; PackedWeight format, N, K, ``fp8_exact`` and layout version); :func:`tre
 is the inverse, bit-exact, rebuilding every object through its checking constructor. Any
 checkpointer that stores a pytree of arrays and a JSON document can then hold quantized models
 (:mod:`jax_gmma.checkpoint_orbax` does it with orbax-checkpoint).
+
+Whole trees in one safetensors file: :func:`save_tree` writes a tree of nested dicts / lists
+/ tuples holding arrays, QuantizedArray and PackedWeight objects (for a Flax NNX model:
+``nnx.to_pure_dict(nnx.state(model))``) as one tensor per array, named by its path joined with
+``/`` (``layers/0/mlp/kernel/value/packed``), with the storable metadata and the tree's key
+types in the file header; :func:`load_tree` rebuilds it bit-exact. FP4 / FP6 element arrays,
+which safetensors has no dtype for, are stored as their uint8 bytes (listed in the metadata).
 """
 from __future__ import annotations
 
+import json
 import math
 import warnings
 from typing import Any, Dict, Iterable, Optional, Tuple
@@ -81,7 +89,8 @@ except ImportError:  # optional dependency
 
 __all__ = ["CONVENTIONS", "DEFAULT_CONVENTION", "from_tensors", "to_tensors", "find_weights",
            "load", "save", "STORABLE_VERSION", "is_quantized_leaf", "path_key",
-           "check_storable_metadata", "tree_to_storable", "tree_from_storable"]
+           "check_storable_metadata", "tree_to_storable", "tree_from_storable", "save_tree",
+           "load_tree"]
 
 #: convention -> the jax-gmma format it imports to.
 CONVENTIONS = {"fp8_block": "fp8_128x128", "fp8_channel": "fp8_channel",
@@ -540,7 +549,8 @@ def tree_to_storable(tree, *, raw_dtypes: Iterable = ()) -> Tuple[Any, Dict[str,
   ``metadata``: ``{"version": STORABLE_VERSION, "jax_gmma": version, "objects": [...],
   "raw": [...]}``; each object is ``{"path": [...], "type": "QuantizedArray", "format",
   "shape", "axis", "dtype", "layout"}`` or ``{"path", "type": "PackedWeight", "format", "n",
-  "k", "fp8_exact", "layout"}``, each raw array ``{"path", "dtype"}``; paths are
+  "k", "fp8_exact", "layout"[, "stack"]}`` (``stack``: the leading expert axes of stacked
+  experts), each raw array ``{"path", "dtype"}``; paths are
   :func:`path_key` lists. Leaves must be concrete (no tracers)."""
   who = _WHO_TO_STORABLE
   raw = set()
@@ -576,9 +586,18 @@ def tree_to_storable(tree, *, raw_dtypes: Iterable = ()) -> Tuple[Any, Dict[str,
       entry = {"type": _QA, "format": x.format.name, "shape": [int(d) for d in x.shape],
                "axis": int(x.axis), "dtype": x.dtype.name, "layout": x.layout}
     else:
-      x.check_layout(f"{who}: {_where(key)}")
+      lead = tuple(int(d) for d in x.packed.shape[:-3])  # stacked experts: (G, ...) in front
+      one = x if not lead else jax.tree.map(
+          lambda a: jax.ShapeDtypeStruct(a.shape[len(lead):], a.dtype), x)
+      for name in ("scales", "global_scale"):
+        if lead and tuple(getattr(x, name).shape[:len(lead)]) != lead:
+          raise ValueError(f"{who}: the stacked PackedWeight at {_where(key)}: {name} must have "
+                           f"the leading axes {lead} of packed, got {tuple(getattr(x, name).shape)}")
+      one.check_layout(f"{who}: {_where(key)}")
       entry = {"type": _PW, "format": x.format, "n": int(x.n), "k": int(x.k),
                "fp8_exact": x.fp8_exact, "layout": int(x.layout)}
+      if lead:
+        entry["stack"] = list(lead)
     objects.append({"path": list(key), **entry})
     fields = zip(_FIELDS[entry["type"]], children)
     return {name: store(key + (name,), v) for name, v in fields if v is not None}
@@ -678,9 +697,22 @@ def _build_object(entry: Dict[str, Any], fields: Dict[str, Any], key, who: str):
       return QuantizedArray(fields["data"], scales, fields.get("global_scale"), format=fmt,
                             shape=tuple(entry["shape"]), axis=entry["axis"],
                             dtype=as_dtype(entry["dtype"]), layout=layout)
-    return PackedWeight(fields["packed"], fields["scales"], fields["global_scale"], format=fmt,
-                        n=entry["n"], k=entry["k"], fp8_exact=entry.get("fp8_exact"),
-                        layout=layout)
+    stack = entry.get("stack")
+    if not stack:
+      return PackedWeight(fields["packed"], fields["scales"], fields["global_scale"], format=fmt,
+                          n=entry["n"], k=entry["k"], fp8_exact=entry.get("fp8_exact"),
+                          layout=layout)
+    # stacked experts: the fields checked as one expert's (abstractly), then kept with their
+    # leading axes (the form jax.vmap / weightonly.prepare on (G, N, K) experts gives)
+    stack = tuple(int(d) for d in stack)
+    arrays = [fields[f] for f in _FIELDS[kind]]
+    for f, a in zip(_FIELDS[kind], arrays):
+      if tuple(np.shape(a)[:len(stack)]) != stack:
+        raise ValueError(f"{f} must have the leading expert axes {stack}, got shape {tuple(np.shape(a))}")
+    PackedWeight(*(jax.ShapeDtypeStruct(np.shape(a)[len(stack):], _leaf_dtype(a)) for a in arrays),
+                 format=fmt, n=entry["n"], k=entry["k"], layout=layout)
+    return PackedWeight.tree_unflatten((fmt, int(entry["n"]), int(entry["k"]),
+                                        entry.get("fp8_exact"), layout), arrays)
   except (KeyError, TypeError, ValueError) as e:
     raise type(e)(f"{where}: {e}") from None
 
@@ -726,3 +758,107 @@ def tree_from_storable(stored, metadata, *, who: str = _WHO_FROM_STORABLE):
     shown = ", ".join(_where(k) for k in missing[:4]) + (", ..." if len(missing) > 4 else "")
     raise ValueError(f"{who}: the tree lacks {len(missing)} object(s) the metadata lists: {shown}")
   return out
+
+
+# ----------------------------------------------------------------------------
+# whole trees in one safetensors file
+# ----------------------------------------------------------------------------
+_WHO_SAVE_TREE = "jax_gmma.checkpoint.save_tree"
+_WHO_LOAD_TREE = "jax_gmma.checkpoint.load_tree"
+#: header keys save_tree writes (str -> str, as safetensors' metadata is)
+_TREE_META, _TREE_PATHS = "jax_gmma.storable", "jax_gmma.paths"
+#: 1-byte element dtypes safetensors has no name for: stored as uint8 bytes
+_TREE_RAW = tuple(np.dtype(getattr(ml_dtypes, n)) for n in
+                  ("float4_e2m1fn", "float6_e2m3fn", "float6_e3m2fn", "int4", "uint4")
+                  if hasattr(ml_dtypes, n))
+
+
+def _typed_keys(path, who: str) -> list:
+  """A key path as a JSON list: a dict key (str or int) as it is, a sequence index i as [i]."""
+  out = []
+  for k in path:
+    if isinstance(k, jax.tree_util.DictKey) and isinstance(k.key, (str, int)) and not isinstance(k.key, bool):
+      out.append(k.key)
+    elif isinstance(k, jax.tree_util.SequenceKey):
+      out.append([int(k.idx)])
+    else:
+      raise TypeError(f"{who}: the tree must be nested dicts (str or int keys), lists and tuples "
+                      f"of arrays, QuantizedArray and PackedWeight objects (for a Flax NNX model: "
+                      f"nnx.to_pure_dict(nnx.state(model))); got the key {k!r}")
+  return out
+
+
+def save_tree(path, tree, metadata: Optional[Dict[str, str]] = None) -> None:
+  """Writes ``tree`` (nested dicts with str / int keys, lists and tuples of arrays and
+  QuantizedArray / PackedWeight objects; e.g. ``nnx.to_pure_dict(nnx.state(model))``) to the
+  safetensors file ``path``, bit-exact: one tensor per array named by its path joined with ``/``,
+  the objects' static fields and the key types in the header, and ``metadata`` (str -> str)
+  beside them. Leaves must be concrete arrays (no tracers); lists and tuples come back as
+  lists."""
+  _need_safetensors(_WHO_SAVE_TREE)
+  if metadata is not None and (not isinstance(metadata, dict) or not all(
+      isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())):
+    raise TypeError(f"{_WHO_SAVE_TREE}: metadata must be a dict of str -> str, got {metadata!r}")
+  if metadata and any(k in (_TREE_META, _TREE_PATHS) for k in metadata):
+    raise ValueError(f"{_WHO_SAVE_TREE}: metadata keys {_TREE_META!r} and {_TREE_PATHS!r} are "
+                     "jax_gmma's own")
+  stored, meta = tree_to_storable(tree, raw_dtypes=_TREE_RAW)
+  tensors, paths = {}, {}
+  for p, v in jax.tree_util.tree_flatten_with_path(stored)[0]:
+    keys = _typed_keys(p, _WHO_SAVE_TREE)
+    name = "/".join(str(k[0] if isinstance(k, list) else k) for k in keys)
+    if name in tensors:
+      raise ValueError(f"{_WHO_SAVE_TREE}: two leaves have the path {name!r} (a str and an int "
+                       "key with the same text)")
+    _check_saveable(v, path_key(p), _WHO_SAVE_TREE)
+    tensors[name] = _contig(np.asarray(jax.device_get(v)))
+    paths[name] = keys
+  header = {**(metadata or {}), _TREE_META: json.dumps(meta), _TREE_PATHS: json.dumps(paths)}
+  safetensors.numpy.save_file(tensors, path, metadata=header)
+
+
+def _tree_header(path) -> Dict[str, str]:
+  with open(path, "rb") as f:
+    n = int.from_bytes(f.read(8), "little")
+    if n <= 0 or n > 100 * 2 ** 20:
+      raise ValueError(f"{_WHO_LOAD_TREE}: {path} is no safetensors file (header size {n})")
+    head = json.loads(f.read(n))
+  return head.get("__metadata__") or {}
+
+
+def load_tree(path):
+  """The tree :func:`save_tree` wrote to the safetensors file ``path``: nested dicts (and lists
+  where the tree had lists or tuples) with every QuantizedArray / PackedWeight rebuilt through
+  its checking constructor, bit-exact; NumPy arrays (place them with ``jax.device_put``; for
+  Flax NNX: ``nnx.replace_by_pure_dict(state, tree)``). A file without save_tree's header, or
+  one whose tensors disagree with it, is refused by name."""
+  _need_safetensors(_WHO_LOAD_TREE)
+  header = _tree_header(path)
+  if _TREE_META not in header or _TREE_PATHS not in header:
+    raise ValueError(f"{_WHO_LOAD_TREE}: {path} has no jax_gmma tree header (it was not written by "
+                     "jax_gmma.checkpoint.save_tree; for published quantized checkpoints use "
+                     "jax_gmma.checkpoint.load)")
+  meta = json.loads(header[_TREE_META])
+  paths = json.loads(header[_TREE_PATHS])
+  tensors = _read_file(path)
+  missing = sorted(set(paths) - set(tensors))
+  if missing:
+    raise ValueError(f"{_WHO_LOAD_TREE}: {path} lacks the tensors {missing[:4]} its header lists "
+                     "(a truncated or edited file)")
+  # nodes keyed by (is a sequence index, key); sequences become lists in index order
+  root: Dict[Any, Any] = {}
+  for name, keys in paths.items():
+    node = root
+    typed = [(True, k[0]) if isinstance(k, list) else (False, k) for k in keys]
+    for k in typed[:-1]:
+      node = node.setdefault(k, {})
+    node[typed[-1]] = tensors[name]
+
+  def build(node):
+    if not isinstance(node, dict):
+      return node
+    if node and all(seq for seq, _ in node):
+      return [build(node[(True, i)]) for i in sorted(k for _, k in node)]
+    return {k: build(v) for (_, k), v in node.items()}
+
+  return tree_from_storable(build(root), meta, who=_WHO_LOAD_TREE)

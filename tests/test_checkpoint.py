@@ -1,6 +1,8 @@
 """jax_gmma.checkpoint: safetensors files in the conventions of published checkpoints (DeepSeek-V3
 FP8 blocks, FP8 per channel / per tensor, gpt-oss MXFP4, ModelOpt NVFP4) imported into
 QuantizedArray and exported back, bit for bit. CPU only (the reference backend)."""
+import collections
+import json
 import warnings
 
 import jax
@@ -355,3 +357,85 @@ def test_files_need_safetensors(monkeypatch, tmp_path):
   t, p = _nvfp4(np.random.default_rng(5))
   del t[f"{p}.input_scale"]
   assert sorted(checkpoint.to_tensors(checkpoint.from_tensors(t, p), p)) == sorted(t)
+
+
+# -- whole trees in one safetensors file (save_tree / load_tree) ------------------------------
+
+def _tree():
+  rng = np.random.default_rng(7)
+  w = jnp.asarray(rng.standard_normal((2, 32, 256)), jnp.float32)
+  return {
+      "embed": jnp.asarray(rng.standard_normal((8, 4)), jnp.bfloat16),
+      "layers": [
+          {"mlp": jax_gmma.weightonly.prepare(w, "mxfp4"), "bias": jnp.arange(32, dtype=jnp.float32)},
+          {"mlp": jax_gmma.quantize(w[0], "mxfp6_e2m3"), "attn": jax_gmma.quantize(w[1], "fp8_128x128")},
+      ],
+      "head": {0: jax_gmma.quantize(w[0], "nvfp4"), 1: jax_gmma.weightonly.prepare(w[1], "nvfp4")},
+  }
+
+
+def _header(path):
+  with open(path, "rb") as f:
+    n = int.from_bytes(f.read(8), "little")
+    return json.loads(f.read(n))
+
+
+def _bytes_of(tree):
+  return [np.asarray(v).tobytes() for v in jax.tree.leaves(tree)]
+
+
+def test_save_tree_round_trip_bit_exact(tmp_path):
+  tree = _tree()
+  path = str(tmp_path / "m.safetensors")
+  checkpoint.save_tree(path, tree, metadata={"model": "test"})
+  back = checkpoint.load_tree(path)
+  assert jax.tree.structure(back) == jax.tree.structure(jax.tree.map(np.asarray, tree))
+  assert _bytes_of(back) == _bytes_of(tree)
+  assert isinstance(back["layers"], list) and sorted(back["head"]) == [0, 1]
+  assert back["layers"][0]["mlp"].packed.shape[0] == 2  # stacked experts stay stacked
+  assert back["layers"][0]["mlp"].fp8_exact == tree["layers"][0]["mlp"].fp8_exact
+  x = jnp.ones((3, 256), jnp.bfloat16)
+  np.testing.assert_array_equal(np.asarray(jax_gmma.dot(x, back["head"][1])),
+                                np.asarray(jax_gmma.dot(x, tree["head"][1])))
+  header = _header(path)  # tensors named by path; FP4 elements (no safetensors dtype) as bytes
+  assert header["__metadata__"]["model"] == "test"
+  assert header["head/0/data"]["dtype"] == "U8" and header["layers/1/attn/data"]["dtype"] == "F8_E4M3"
+
+
+def test_save_tree_names_and_nnx_state(tmp_path):
+  nnx = pytest.importorskip("flax.nnx")
+  gnn = pytest.importorskip("jax_gmma.nn")
+  model = nnx.Sequential(nnx.Linear(64, 128, rngs=nnx.Rngs(0)), nnx.Linear(128, 32, rngs=nnx.Rngs(1)))
+  gnn.quantize_model(model, [("layers/0", "wo:mxfp4"), (".*", "fp8_channel")])
+  x = jnp.asarray(np.random.default_rng(1).standard_normal((2, 64)), jnp.bfloat16)
+  y = model(x)
+  path = str(tmp_path / "model.safetensors")
+  checkpoint.save_tree(path, nnx.to_pure_dict(nnx.state(model)))
+  state = nnx.state(model)
+  nnx.replace_by_pure_dict(state, checkpoint.load_tree(path))
+  graphdef, _ = nnx.split(model)
+  again = nnx.merge(graphdef, state)
+  assert np.asarray(again(x)).tobytes() == np.asarray(y).tobytes()
+  header = _header(path)
+  assert header["layers/0/kernel/packed"]["dtype"] == "U8"
+  assert header["layers/1/kernel/scales"]["dtype"] == "F32"
+
+
+def test_load_tree_refuses_other_files(tmp_path):
+  path = str(tmp_path / "plain.safetensors")
+  safetensors_numpy.save_file({"x": np.ones(2, np.float32)}, path)
+  with pytest.raises(ValueError, match=r"^jax_gmma.checkpoint.load_tree: .* no jax_gmma tree header"):
+    checkpoint.load_tree(path)
+  with pytest.raises(TypeError, match=r"^jax_gmma.checkpoint.save_tree: metadata must be a dict of str"):
+    checkpoint.save_tree(path, {"x": np.ones(2)}, metadata={"a": 1})
+  with pytest.raises(TypeError, match=r"^jax_gmma.checkpoint.save_tree: the tree must be nested dicts"):
+    checkpoint.save_tree(path, {"x": _Point(np.ones(2), np.zeros(2))})
+  checkpoint.save_tree(path, {"w": np.ones((2, 2), np.float32)})
+  with open(path, "r+b") as f:  # truncated: the header lists a tensor the file no longer holds
+    f.truncate(f.seek(0, 2) - 8)
+  with pytest.raises(Exception, match=r"load_tree|safetensors|invalid|truncat|Error"):
+    checkpoint.load_tree(path)
+
+
+class _Point(collections.namedtuple("_Point", "x y")):
+  """A pytree node with attribute keys (not a dict, list or tuple of the storable kind)."""

@@ -414,3 +414,20 @@ def test_storable_tree_round_trip_in_memory():
     checkpoint.tree_from_storable({"a": [stored["a"][0]]}, meta)
   with pytest.raises(ValueError, match="not jax_gmma checkpoint metadata"):
     checkpoint.tree_from_storable(stored, {"objects": []})
+
+
+def test_stacked_experts_round_trip(ocp, tmp_path):
+  """FP4 experts of a MoE layer (one PackedWeight with a leading expert axis) and per-expert
+  FP8 scales come back as they were, bit for bit, and multiply the same."""
+  w = jnp.asarray(np.random.default_rng(11).standard_normal((4, 32, 128)), jnp.float32)
+  tree = {"experts": weightonly.prepare(w, "mxfp4"), "dense": jax_gmma.quantize(w, "fp8_128x128")}
+  checkpoint_orbax.save_orbax(tmp_path / "moe", tree)
+  back = checkpoint_orbax.restore_orbax(tmp_path / "moe")
+  assert isinstance(back["experts"], weightonly.PackedWeight) and back["experts"].packed.shape[0] == 4
+  assert back["experts"].fp8_exact == tree["experts"].fp8_exact
+  for a, b in zip(jax.tree.leaves(tree), jax.tree.leaves(back)):
+    assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+  x = jnp.ones((6, 128), jnp.bfloat16)
+  s = jnp.asarray([1, 2, 0, 3], jnp.int32)
+  np.testing.assert_array_equal(np.asarray(jax_gmma.ragged_dot(x, back["experts"], s)),
+                                np.asarray(jax_gmma.ragged_dot(x, tree["experts"], s)))
