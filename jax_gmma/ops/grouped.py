@@ -523,7 +523,11 @@ def _forward(x, w, group_sizes, bias, static):
   if x_fmt == "bf16":
     x = x.astype(jnp.bfloat16)
   elif x_fmt is not None:
-    x = quantize.quantize(x, x_fmt)
+    # as jax_gmma.dot: a few rows are quantized with plain XLA ops (fused into x's producer),
+    # more with the quantize kernel; the same bits either way
+    m = x.shape[0]
+    fused = shapes.is_constant_dim(m) and m <= blockwise.XLA_QUANTIZE_MAX_M
+    x = quantize.quantize(x, x_fmt, use_kernel=not fused)
   xl, x_tree = jax.tree.flatten(x)
   wl, w_tree = jax.tree.flatten(w)
   b = jnp.zeros((1,), out_dtype) if bias is None else bias.astype(out_dtype)
