@@ -102,7 +102,7 @@ if _HERE not in sys.path:  # `python -P` does not put the script's directory on 
 from bench_fp8 import (F8, BF16, F32, F8_MAX, TN, HIGHEST, TOL, H200_SMS, ROTATE_BYTES,  # noqa: E402
                        MAX_SETS, Run, compile_jax, time_jax, rel_err, reference,
                        dequant_bf16, ours_gemm, xla_fp8_precise_gemm, bf16_gemm, _fmt, _ratio,
-                       md_tail, md_header, plot_vs_baseline, suites_of, _by_shape, warm_gpu)
+                       md_tail, md_header, plot_vs_baseline, suites_of, _by_shape, warm_gpu, exit_code)
 
 import argparse  # noqa: E402
 import datetime  # noqa: E402
@@ -1096,12 +1096,7 @@ def main(argv=None) -> int:
   print(f"wrote {args.out}/bench_blockwise.json, bench_blockwise.md"
         f"{'' if args.no_plot or not os.path.exists(png) else ', bench_blockwise.png'}"
         f" ({meta['wall_s']} s)")
-  if run.failures:
-    print(f"\n{len(run.failures)} FAILURE(S):", file=sys.stderr)
-    for f in run.failures:
-      print(f"  - {f}", file=sys.stderr)
-    return 1
-  return 0
+  return exit_code(run.failures)
 
 
 if __name__ == "__main__":

@@ -988,6 +988,17 @@ def markdown(meta, rows, notes, failures) -> str:
   return "\n".join(L)
 
 
+def exit_code(failures) -> int:
+  """A benchmark's exit status: 0, or 1 after listing ``failures`` (correctness checks that
+  failed) on stderr."""
+  if not failures:
+    return 0
+  print(f"\n{len(failures)} FAILURE(S):", file=sys.stderr)
+  for f in failures:
+    print(f"  - {f}", file=sys.stderr)
+  return 1
+
+
 def md_tail(notes, failures) -> list:
   """The closing lines of a benchmark's markdown: notes, then failures."""
   L = []
@@ -1200,12 +1211,7 @@ def main(argv=None) -> int:
   print(md)
   print(f"wrote {args.out}/bench_fp8.json, bench_fp8.md"
         f"{'' if args.no_plot or not os.path.exists(os.path.join(args.out, 'bench_fp8.png')) else ', bench_fp8.png'}")
-  if run.failures:
-    print(f"\n{len(run.failures)} FAILURE(S):", file=sys.stderr)
-    for f in run.failures:
-      print(f"  - {f}", file=sys.stderr)
-    return 1
-  return 0
+  return exit_code(run.failures)
 
 
 if __name__ == "__main__":

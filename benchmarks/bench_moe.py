@@ -113,7 +113,7 @@ if _EXAMPLES not in sys.path:  # examples/moe.py: the router, the expert MLP, ex
 # bench_fp8 sets XLA_PYTHON_CLIENT_PREALLOCATE=false (torch shares the GPU) and imports jax_gmma
 # (from this checkout when it is not installed).
 from bench_fp8 import (F8, BF16, F32, F8_MAX, TN, ROTATE_BYTES, TorchPeer, compile_jax,  # noqa: E402
-                       md_tail, time_jax, warm_gpu)
+                       md_tail, time_jax, warm_gpu, exit_code)
 
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
@@ -1116,12 +1116,7 @@ def main(argv=None) -> int:
   print(md)
   print(f"wrote {args.out}/{NAME}.json, {NAME}.md{', ' + NAME + '.png' if png else ''} "
         f"({meta['wall_s']} s)")
-  if run.failures:
-    print(f"\n{len(run.failures)} FAILURE(S):", file=sys.stderr)
-    for f in run.failures:
-      print(f"  - {f}", file=sys.stderr)
-    return 1
-  return 0
+  return exit_code(run.failures)
 
 
 if __name__ == "__main__":
