@@ -20,33 +20,13 @@
 #include <cstdint>
 
 #include "jax_gmma/fp8_stream.cuh"
+#include "jax_gmma/fp8_stream_scales.cuh"
 #include "jax_gmma/gemm_api.h"
 
 namespace jax_gmma::sm90_blockwise_stream {
 namespace {
 
-// The scale policy: one float32 per row (token) and 128-K step; weight row r reads row r / G of
-// its scale matrix (G = 128: 128x128 blocks, G = 1: 1x128).
-template <int G>
-struct Block128Scales {
-  struct Args {
-    const float* sa;  // (kb, lda): token m, block kb at [kb * lda + m]
-    const float* sb;  // (kb, ldb): weight row block r / G at [kb * ldb + r / G]
-    int64_t lda, ldb;
-  };
-  using Word = float;
-  static constexpr int kGroup = 4;
-  static constexpr bool kSpecial = false;
-  __device__ static Word load_w(const Args& s, int64_t row, int64_t j) {
-    return __ldg(s.sb + j * s.ldb + row / G);
-  }
-  __device__ static Word load_x(const Args& s, int64_t tok, int64_t j) {
-    return __ldg(s.sa + j * s.lda + tok);
-  }
-  template <bool kExact>
-  __device__ static float scale(Word v, int) { return v; }
-  __device__ static uint32_t special(Word) { return 0; }
-};
+using fp8_stream::Block128Scales;
 
 const char* can_implement(const GemmArgs& g) {
   if (const char* why = fp8_stream::can_implement_common(g.m, g.n, g.k)) return why;
@@ -61,7 +41,7 @@ cudaError_t run(const GemmArgs& g, cudaStream_t stream) {
   using S = Block128Scales<G>;
   const fp8_stream::Params<S> p{
       {g.m, g.n, g.k, static_cast<const uint8_t*>(g.a), static_cast<const uint8_t*>(g.b), g.bias, g.d},
-      {g.a_block_scale, g.b_block_scale, g.a_block_scale_ld, g.b_block_scale_ld}};
+      {g.a_block_scale, g.b_block_scale, g.a_block_scale_ld, g.b_block_scale_ld, 0}};
   return fp8_stream::launch<S, NT, WK, OutT>(
       p, reinterpret_cast<uintptr_t>(g.a_block_scale) | reinterpret_cast<uintptr_t>(g.b_block_scale),
       stream);

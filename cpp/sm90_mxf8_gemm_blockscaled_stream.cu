@@ -26,42 +26,14 @@
 
 #include <cstdint>
 
-#include "jax_gmma/e8m0.cuh"
 #include "jax_gmma/fp8_stream.cuh"
+#include "jax_gmma/fp8_stream_scales.cuh"
 #include "jax_gmma/gemm_api.h"
 
 namespace jax_gmma::sm90_mxf8_stream {
 namespace {
 
-// The scale policy of cpp/include/jax_gmma/fp8_stream.cuh: E8M0 codes in the swizzled
-// 128x4-atom layout, one 32-bit word (four 32-K blocks) per row and 128-K step.
-struct MxScales {
-  struct Args {
-    const uint8_t* sa;  // swizzled E8M0, M rows
-    const uint8_t* sb;  // swizzled E8M0, N rows
-    int64_t k_atoms;    // 4-block atoms along K: ceil(K / 128)
-  };
-  using Word = uint32_t;
-  static constexpr int kGroup = 1;
-  static constexpr bool kSpecial = true;
-  __device__ static Word load_w(const Args& s, int64_t row, int64_t j) {
-    return fp8_stream::ld_u32_nc(s.sb + mx_sf_word_offset(row, j, s.k_atoms));
-  }
-  __device__ static Word load_x(const Args& s, int64_t tok, int64_t j) {
-    return __ldg(reinterpret_cast<const uint32_t*>(s.sa + mx_sf_word_offset(tok, j, s.k_atoms)));
-  }
-  // Block b's float32 scale. Fast: the code shifted into the float32 exponent (exact for codes
-  // 1 .. 254); a step whose codes include 0 (2^-127) or 255 (NaN) takes the exact conversion
-  // (the tail step always does).
-  template <bool kExact>
-  __device__ static float scale(Word v, int b) {
-    if constexpr (kExact) return e8m0_to_float((v >> (8 * b)) & 0xff);
-    return __uint_as_float((b < 3 ? v << (23 - 8 * b) : v >> 1) & 0x7F800000u);
-  }
-  __device__ static uint32_t special(Word v) {  // a byte equal to 0x00 or 0xFF
-    return ((v - 0x01010101u) & ~v & 0x80808080u) | ((~v - 0x01010101u) & v & 0x80808080u);
-  }
-};
+using fp8_stream::MxScales;
 
 const char* can_implement(const GemmArgs& g) {
   if (const char* why = fp8_stream::can_implement_common(g.m, g.n, g.k)) return why;
@@ -74,7 +46,7 @@ cudaError_t run(const GemmArgs& g, cudaStream_t stream) {
   if (can_implement(g)) return cudaErrorInvalidValue;
   const fp8_stream::Params<MxScales> p{
       {g.m, g.n, g.k, static_cast<const uint8_t*>(g.a), static_cast<const uint8_t*>(g.b), g.bias, g.d},
-      {static_cast<const uint8_t*>(g.a_sf), static_cast<const uint8_t*>(g.b_sf), (g.k / 32 + 3) / 4}};
+      {static_cast<const uint8_t*>(g.a_sf), static_cast<const uint8_t*>(g.b_sf), (g.k / 32 + 3) / 4, 0}};
   return fp8_stream::launch<MxScales, NT, WK, OutT>(
       p, reinterpret_cast<uintptr_t>(g.a_sf) | reinterpret_cast<uintptr_t>(g.b_sf), stream);
 }
