@@ -26,6 +26,7 @@ extern "C" void* jax_gmma_mx_gemm_handler();
 extern "C" void* jax_gmma_weightonly_gemm_handler();
 extern "C" void* jax_gmma_weightonly_unpack_handler();
 extern "C" void* jax_gmma_fp8_quantize_handler();
+extern "C" void* jax_gmma_fp8_grouped_gemm_handler();
 extern "C" void jax_gmma_capture_stats(uint64_t* captured, uint64_t* eager);
 extern "C" void jax_gmma_host_stats(uint64_t* calls, uint64_t* ns);
 #endif
@@ -86,6 +87,7 @@ NB_MODULE(_gmma_ext, m) {
     d["jax_gmma_weightonly_gemm"] = nb::capsule(jax_gmma_weightonly_gemm_handler());
     d["jax_gmma_weightonly_unpack"] = nb::capsule(jax_gmma_weightonly_unpack_handler());
     d["jax_gmma_fp8_quantize"] = nb::capsule(jax_gmma_fp8_quantize_handler());
+    d["jax_gmma_fp8_grouped_gemm"] = nb::capsule(jax_gmma_fp8_grouped_gemm_handler());
 #endif
     return d;
   });

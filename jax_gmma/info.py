@@ -7,7 +7,7 @@ import jax
 import jaxlib
 
 from . import _backend, _version, primitive
-from .ops import mx, quantize
+from .ops import grouped_configs, mx, quantize
 from .ops import tensorwise_configs as configs
 from .ops.weightonly import PREFILL_MIN_M, UNPACK_TARGET, WEIGHTONLY_TARGET
 
@@ -46,6 +46,27 @@ def quantize_path(devs) -> str:
   else:
     why = f"no kernel for {_backend.device_cc(devs[0])} in this build"
   return f"pure JAX ({why}; quantize falls back silently, by design)"
+
+
+def grouped_path(devs) -> str:
+  """How ``ragged_dot`` (the grouped GEMM of mixture-of-experts layers) runs here: for FP8
+  experts the grouped weight-streaming kernel on Hopper with the library built (target
+  ``jax_gmma_fp8_grouped_gemm``), else the pure-JAX reference (an error on a CUDA GPU without the
+  kernel, unless opted in); FP4 / FP6 experts always take the reference."""
+  if not devs:
+    return "pure-JAX reference (no CUDA GPU)"
+  try:
+    dev = _backend.check_cuda_kernels("ragged_dot")
+  except _backend.KernelUnavailable as err:
+    return f"ERROR at trace time unless the reference is allowed: {err}"
+  if dev is None:
+    return "pure-JAX reference (opted in)"
+  target = _backend.FP8_GROUPED_GEMM_TARGET
+  if target not in _registrations():
+    return f"ERROR: the built library has no {target} handler (an older library); rebuild it"
+  return (f"CUDA kernel for {' / '.join(grouped_configs.KINDS)} experts (sm90a weight streaming, "
+          f"XLA FFI {target}, configs {', '.join(grouped_configs.CONFIGS)}); FP4 / FP6 experts: "
+          "ERROR at trace time unless the reference is allowed")
 
 
 def _registrations() -> dict:
@@ -89,6 +110,7 @@ def info_text() -> str:
   lines.append(f"  FP4/FP6 weight-only nvfp4 / mxfp4 / mxfp6 x bf16 (weightonly_gemm, dot on PackedWeight): "
                f"{weightonly_path(devs)}")
   lines.append(f"  activation quantize fp8_1x128 / mxfp8, e4m3 (quantize): {quantize_path(devs)}")
+  lines.append(f"  grouped GEMM for mixture-of-experts (ragged_dot): {grouped_path(devs)}")
   # Block-scaled MX / NVFP4 GEMMs (mx_gemm, dot on MX/NVFP4 weights; MXFP8 also on Hopper), per pair.
   cc = _backend.device_cc(devs[0]) if devs else None
   for (fa, fb), p in mx.paths_for_device(cc).items():

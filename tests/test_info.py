@@ -47,7 +47,7 @@ _HOPPER = types.SimpleNamespace(compute_capability="9.0")
 
 
 @pytest.mark.parametrize("targets", [("jax_gmma_weightonly_gemm", "jax_gmma_weightonly_unpack",
-                                      "jax_gmma_fp8_quantize"), ()])
+                                      "jax_gmma_fp8_quantize", "jax_gmma_fp8_grouped_gemm"), ()])
 def test_paths_on_hopper_with_kernels(monkeypatch, targets):
   """Hopper with the kernels built: the kernels, when the library has their handlers."""
   monkeypatch.setattr(_backend, "check_cuda_kernels", lambda op: _HOPPER)
@@ -56,12 +56,15 @@ def test_paths_on_hopper_with_kernels(monkeypatch, targets):
   monkeypatch.setattr(qkernel, "_target_in_library",
                       lambda: "jax_gmma_fp8_quantize" in targets)
   wo, qk = info.weightonly_path([_HOPPER]), info.quantize_path([_HOPPER])
+  gr = info.grouped_path([_HOPPER])
   if targets:
     assert wo.startswith("CUDA kernel") and "jax_gmma_weightonly_gemm" in wo, wo
     assert qk.startswith("CUDA kernel") and "jax_gmma_fp8_quantize" in qk, qk
+    assert gr.startswith("CUDA kernel") and "jax_gmma_fp8_grouped_gemm" in gr, gr
   else:  # an older library: the GEMM says it cannot run, quantize stays in JAX
     assert wo.startswith("ERROR") and "no jax_gmma_weightonly_gemm handler" in wo, wo
     assert qk.startswith("pure JAX") and "no jax_gmma_fp8_quantize handler" in qk, qk
+    assert gr.startswith("ERROR") and "no jax_gmma_fp8_grouped_gemm handler" in gr, gr
 
 
 def test_weightonly_path_needs_the_unpack_handler(monkeypatch):

@@ -24,7 +24,7 @@ LAYERS = {
     "jax_gmma._vma": 4, "jax_gmma.sharding": 4, "jax_gmma.batching": 4, "jax_gmma.primitive": 4,
     "jax_gmma.ops.quantize": 5, "jax_gmma.ops.tensorwise": 5, "jax_gmma.ops.tensorwise_configs": 5,
     "jax_gmma.ops.blockwise": 5, "jax_gmma.ops.blockwise_configs": 5, "jax_gmma.ops.mx": 5,
-    "jax_gmma.ops.weightonly": 5, "jax_gmma.ops.grouped": 5, "jax_gmma.ops": 5,
+    "jax_gmma.ops.weightonly": 5, "jax_gmma.ops.grouped": 5, "jax_gmma.ops.grouped_configs": 5, "jax_gmma.ops": 5,
     "jax_gmma.api": 6, "jax_gmma.checkpoint": 6, "jax_gmma.checkpoint_orbax": 6, "jax_gmma.train": 6,
     "jax_gmma.info": 6, "jax_gmma.__main__": 6,
     "jax_gmma": 7, "jax_gmma.nn": 7,

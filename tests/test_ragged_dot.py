@@ -1,7 +1,7 @@
 """jax_gmma.ragged_dot: the grouped GEMM of mixture-of-experts layers on quantized expert weights
 (CPU: the pure-JAX reference), against a float64 NumPy product of the dequantized operands;
-jit with traced group sizes, vmap, grad, bias, out dtypes, the errors, and the CUDA lowering's
-refusal without a kernel (Hopper faked on CPU)."""
+jit with traced group sizes, vmap, grad, bias, out dtypes, the errors, and the CUDA lowering
+(Hopper faked on CPU): the grouped kernel's call, or the refusal where none exists."""
 import os
 import re
 import zlib
@@ -290,21 +290,43 @@ def test_errors_hold_under_jit():
     f(np.zeros((M, K), np.float32), jnp.zeros((G,), jnp.float32))
 
 
-# -- the CUDA lowering: no kernel, so a refusal unless the reference is allowed -----------------
+# -- the CUDA lowering: the grouped kernel where one exists, else a refusal unless allowed -------
 
-def test_cuda_lowering_refuses_without_opt_in(fake_hopper):
+def _grouped_kernels_built():
+  e = jax_gmma._backend.ext()
+  return bool(e is not None and any(str(r["config"]).startswith("grouped_") for r in e.kernels()))
+
+
+def test_cuda_lowering_calls_the_grouped_kernel(fake_hopper):
   x, _, wq, bias = _inputs("fp8_1x128", 12)
   f = jax.jit(lambda x, w, s, b: jax_gmma.ragged_dot(x, w, s, bias=b))
   args = (x, wq, jnp.asarray(SIZES, jnp.int32), bias)
   with jax_gmma.allow_reference(False):
+    if not _grouped_kernels_built():
+      with pytest.raises(jax_gmma.KernelUnavailable,
+                         match=r"^jax_gmma.ragged_dot: this build of jax_gmma has no grouped kernels"):
+        export.export(f, platforms=("cuda",))(*args)
+      return
+    exported = export.export(f, platforms=("cuda",),
+                             disabled_checks=jax_gmma.export_disabled_checks())(*args)
+  text = exported.mlir_module()
+  assert len(re.findall(r"custom_call @jax_gmma_fp8_grouped_gemm", text)) == 1
+  assert "grouped_blockwise_1d1d_stream_16x" in text
+  assert exported.out_avals[0].shape == (M, N)
+
+
+def test_cuda_lowering_refuses_packed_experts_without_opt_in(fake_hopper):
+  x, _, wq, bias = _inputs("mxfp4", 12)
+  f = jax.jit(lambda x, w, s, b: jax_gmma.ragged_dot(x, w, s, bias=b))
+  args = (x, wq, jnp.asarray(SIZES, jnp.int32), bias)
+  with jax_gmma.allow_reference(False):
     with pytest.raises(jax_gmma.KernelUnavailable,
-                       match=r"^jax_gmma.ragged_dot: no grouped GEMM kernel for fp8_1x128"):
+                       match=r"^jax_gmma.ragged_dot: no grouped kernel for mxfp4 expert weights"):
       export.export(f, platforms=("cuda",))(*args)
   with jax_gmma.allow_reference():
-    # (with the kernels built, x's 1x128 quantization is the quantize kernel: its FFI target)
     exported = export.export(f, platforms=("cuda",),
                              disabled_checks=jax_gmma.export_disabled_checks())(*args)
   assert exported.platforms == ("cuda",)
-  # the grouped GEMM is the reference: no jax-gmma call but the activation quantization
-  assert not re.search(r"custom_call @jax_gmma_(?!fp8_quantize)", exported.mlir_module())
+  # the grouped GEMM is the reference: no jax-gmma call
+  assert not re.search(r"custom_call @jax_gmma_", exported.mlir_module())
   assert exported.out_avals[0].shape == (M, N)

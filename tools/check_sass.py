@@ -125,10 +125,13 @@ def main():
   # Block-scaled family (sm90 FP8 blockwise-scaling mainloop), counted apart.
   n_block = sum("BlockwiseFP8" in f.split("\n", 1)[0] for f in kernels)
   n_mx = sum("mxf8_gemm_kernel" in f.split("\n", 1)[0] for f in kernels)
-  # The FP8 weight-streaming decode kernels (cpp/include/jax_gmma/fp8_stream.cuh; MXFP8 and
-  # 1x128 x 128x128 / 1x128 policies; mma.sync, no TMA): tensor-core MMAs, no spills.
+  # The FP8 weight-streaming kernels (cpp/include/jax_gmma/fp8_stream.cuh: dense decode and
+  # grouped; MXFP8, 1x128 x 128x128 / 1x128 and per-row scale policies; mma.sync, no TMA):
+  # tensor-core MMAs, no spills.
   stream = [f for f in funcs if "fp8_stream" in f.split("\n", 1)[0] and "stream_kernel" in f.split("\n", 1)[0]]
-  n_stream_mx = sum("sm90_mxf8_stream" in f.split("\n", 1)[0] for f in stream)
+  n_grouped = sum("grouped_stream_kernel" in f.split("\n", 1)[0] for f in stream)
+  n_stream_mx = sum("MxScales" in f.split("\n", 1)[0] and "grouped_stream_kernel" not in f.split("\n", 1)[0]
+                    for f in stream)
   for f in stream:
     name = f.split("\n", 1)[0][:80]
     if not re.search(r"\bHMMA\b", f):
@@ -137,7 +140,7 @@ def main():
       bad.append(f"{name}: local-memory stores (register spills)")
   print(f"check_sass: {len(kernels)} GEMM kernels ({n_block} block-scaled 1x128, {n_mx} MXFP8), "
         f"all QGMMA + UTMALDG; {len(stream)} FP8 streaming kernels ({n_stream_mx} MXFP8, "
-        f"{len(stream) - n_stream_mx} block-scaled 1x128), all HMMA"
+        f"{len(stream) - n_stream_mx - n_grouped} block-scaled 1x128, {n_grouped} grouped), all HMMA"
         if not bad else "\n".join(bad))
   return 1 if bad or not kernels else 0
 

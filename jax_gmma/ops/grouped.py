@@ -20,9 +20,21 @@ sizes, the bias) and ``row_ids``, the (M,) int32 index of each row of x in the w
 (``arange(M)``: it tells a shard of the rows where its rows sit in the groups). Its reference
 (the default lowering, every platform) dequantizes both in float32 and sums, per expert, the
 masked dense product (float32, precision HIGHEST), then casts: G dense products of all M rows,
-one expert at a time (memory M x N), a reference, not a fast path. There is no CUDA kernel yet:
-on a CUDA GPU the op raises :class:`~jax_gmma.KernelUnavailable` when it is traced, unless the
-reference is allowed (``jax_gmma.allow_reference()``).
+one expert at a time (memory M x N), a reference, not a fast path.
+
+Its CUDA lowering on Hopper is one FFI call (``jax_gmma_fp8_grouped_gemm``) of the grouped
+weight-streaming kernel (``cpp/sm90_fp8_gemm_grouped_stream.cu``, configs in
+:mod:`jax_gmma.ops.grouped_configs`) for FP8 experts: fp8_128x128 / fp8_1x128 (x fp8_1x128),
+mxfp8, fp8_channel and per-expert fp8_tensor (x fp8_channel or fp8_tensor); e4m3 elements, K
+(stored) a multiple of 32. A CTA streams 16 rows of one expert's weights past that expert's
+tokens, 8 or 16 at a time, the scales applied as the dense kernels apply them (per 128 of K,
+per 32 for MXFP8); only experts holding rows cost more than an early exit, and the group sizes
+never leave the device (CUDA-graph safe). One rule differs from the reference: a negative group
+size makes the whole result NaN (the kernel does not sum the overlapping groups
+``jax.lax.ragged_dot`` defines for it). The same kernel serves every M; at prefill sizes it
+re-reads each expert's weights per 16 tokens. FP4 / FP6 experts (PackedWeight) have no grouped
+kernel yet: on a CUDA GPU they raise :class:`~jax_gmma.KernelUnavailable` when traced, unless
+the reference is allowed (``jax_gmma.allow_reference()``).
 
 Sharded operands under ``jax.jit`` (:mod:`jax_gmma.sharding`, as for the dense GEMMs): the op
 is partitioned, not gathered, along
@@ -63,11 +75,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.interpreters import mlir
 
-from .. import _vma, batching, primitive, sharding
+from .. import _backend, _vma, batching, primitive, sharding
 from ..arrays import QuantizedArray, check_leaves, dequantize
-from ..numerics import shapes
-from . import blockwise, quantize, tensorwise, weightonly
+from ..numerics import layouts, shapes
+from . import blockwise, grouped_configs, quantize, tensorwise, weightonly
 from .weightonly import PackedWeight
 
 WHO = "jax_gmma.ragged_dot"
@@ -170,13 +183,81 @@ def _abstract_eval(*avals, n, out_dtype, **_):
   return _vma.out_aval((avals[0].shape[0], n), out_dtype, *avals)
 
 
+def _problem(avals, params) -> grouped_configs.GroupedProblem:
+  nx = params["x_tree"].num_leaves
+  x_data, w_data = avals[0], avals[nx]
+  g = w_data.shape[0]
+  return grouped_configs.GroupedProblem(m=x_data.shape[0], n=params["n"], k=x_data.shape[-1], g=g,
+                                        fmt=params["fmt"])
+
+
 def _kernel_missing(ctx, params):
-  return (f"no grouped GEMM kernel for {params['fmt']} expert weights in this version (the op has "
-          "its pure-JAX reference only)")
+  problem = _problem(ctx.avals_in, params)
+  why = grouped_configs.unsupported(problem)
+  if why is not None:
+    return why
+  nx = params["x_tree"].num_leaves
+  for name, aval in (("x", ctx.avals_in[0]), ("w", ctx.avals_in[nx])):
+    if np.dtype(aval.dtype) != shapes.F8E4M3:
+      return (f"the grouped kernels multiply float8_e4m3fn operands; {name} has "
+              f"{np.dtype(aval.dtype).name} elements")
+  why = _backend.missing_reason("ragged_dot")
+  if why is not None:
+    return why
+  e = _backend.ext()
+  if e is None or not any(str(r["config"]).startswith("grouped_") for r in e.kernels()):
+    return "this build of jax_gmma has no grouped kernels; rebuild it with nvcc on PATH"
+  return None
 
 
-def _kernel(ctx, *args, **params):
-  raise AssertionError(f"{WHO}: no kernel (kernel_missing always gives a reason)")
+def _sf_bytes(q: QuantizedArray):
+  """q's E8M0 scales (leading expert axis kept) in the kernels' swizzled 128x4-atom layout, as
+  raw bytes, flat."""
+  s = q.scales
+  if layouts.get_layout(q.layout).is_rowmajor:
+    s = layouts.swizzle_scales(s)
+  return lax.bitcast_convert_type(s, jnp.uint8).reshape(-1)
+
+
+def kernel_operands(x: QuantizedArray, w: QuantizedArray, kind: str):
+  """(a, b, a_scales, b_scales) as the grouped kernels take them (ffi/grouped_ffi.cc): x's and
+  w's elements K-major, the scales in the kind's kernel layout, w's per expert back to back."""
+  m = x.data.shape[0]
+  g = w.data.shape[0]
+  if kind.startswith("blockwise"):
+    sa = blockwise.kernel_scale_layout(x.scales.reshape(m, -1))
+    sb = jax.vmap(blockwise.kernel_scale_layout)(w.scales)
+  elif kind == "mxf8":
+    sa, sb = _sf_bytes(x), _sf_bytes(w)
+  else:  # per-token / per-tensor x, per-channel / per-expert w
+    sa = x.scales.astype(_F32).reshape(-1)
+    sb = w.scales.astype(_F32).reshape(g, -1).reshape(-1)
+  return x.data, w.data, sa, sb
+
+
+def _kernel(ctx, *args, x_tree, w_tree, fmt, n, out_dtype, has_bias):
+  _backend.prepare_devices()
+  problem = _problem(ctx.avals_in, {"x_tree": x_tree, "n": n, "fmt": fmt})
+  sm_count = int(_backend.first_cuda_device().core_count)
+  kind = grouped_configs.KINDS[fmt]
+  name = grouped_configs.kernel_name(kind, grouped_configs.select_config(problem, sm_count))
+  # float16 output: the float32 kernel, then one rounding (as the dense families)
+  kernel_out = np.dtype(_F32) if np.dtype(out_dtype) == shapes.F16 else np.dtype(out_dtype)
+  nx, nw = x_tree.num_leaves, w_tree.num_leaves
+
+  def lowered(*leaves):
+    x = jax.tree.unflatten(x_tree, leaves[:nx])
+    w = jax.tree.unflatten(w_tree, leaves[nx:nx + nw])
+    group_sizes, bias, row_ids = leaves[nx + nw:]
+    a, b, sa, sb = kernel_operands(x, w, kind)
+    bias_in = bias.astype(kernel_out) if has_bias else jnp.zeros((1,), kernel_out)
+    call = jax.ffi.ffi_call(_backend.FP8_GROUPED_GEMM_TARGET,
+                            jax.ShapeDtypeStruct((problem.m, n), kernel_out))
+    out = call(a, b, sa, sb, bias_in, group_sizes.astype(jnp.int32), row_ids.astype(jnp.int32),
+               config=name, has_bias=bool(has_bias))
+    return out.astype(out_dtype)
+
+  return mlir.lower_fun(lowered, multiple_results=False)(ctx, *args)
 
 
 # -- partitioning under jax.jit with sharded operands (jax_gmma.sharding) -----------------------
@@ -341,8 +422,7 @@ def _partition_rule(avals, params):
 RAGGED_DOT = primitive.define(
     "jax_gmma_ragged_dot", abstract_eval=_abstract_eval, reference=ragged_dot_reference,
     user_fn=WHO, kernel=_kernel, kernel_missing=_kernel_missing, op="ragged_dot",
-    partition_rule=_partition_rule, vmap=batching.map_rule,
-    graph_safe=False)  # no FFI call yet: nothing to declare
+    partition_rule=_partition_rule, vmap=batching.map_rule)
 ragged_dot_p = RAGGED_DOT.p
 
 
@@ -597,9 +677,10 @@ def ragged_dot(x, w, group_sizes, *, bias=None, out_dtype=None, x_format: Option
   passes gradients straight through, the weights are constants; the backward pass is the
   grouped product of the cotangent with the dequantized weights in float32 (pure JAX).
 
-  Shape, dtype and format rules are checked before anything runs, naming the argument. No CUDA
-  kernel yet: on a CUDA GPU this raises KernelUnavailable unless the reference is allowed
-  (``jax_gmma.allow_reference()``); elsewhere the reference runs.
+  Shape, dtype and format rules are checked before anything runs, naming the argument. On a
+  Hopper GPU the FP8 expert formats run the grouped kernel (module docstring; a negative group
+  size gives NaN there); FP4 / FP6 experts raise KernelUnavailable unless the reference is
+  allowed (``jax_gmma.allow_reference()``); elsewhere the reference runs.
 
   Under ``jax.jit`` with sharded operands, the tokens M, the output features N and the
   contraction K may stay sharded (K: float32 partial sums and one all-reduce); the experts G are

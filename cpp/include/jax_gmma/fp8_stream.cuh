@@ -1,8 +1,11 @@
-// jax-gmma: the FP8 x FP8 weight-streaming decode kernel of Hopper (sm_90a), shared by the
-// block-scaled families that multiply e4m3 tokens by e4m3 weights with scales along K:
+// jax-gmma: the FP8 x FP8 weight-streaming kernel of Hopper (sm_90a), shared by the families
+// that multiply e4m3 tokens by e4m3 weights with scales along K: the dense decode kernels of
 // cpp/sm90_mxf8_gemm_blockscaled_stream.cu (MXFP8: E8M0 scale per 32 of K) and
 // cpp/sm90_fp8_gemm_blockwise_stream.cu (float32 scale per 128 of K: 1x128 tokens, 128x128 or
-// 1x128 weights). A family supplies a scale policy S (below); everything else is this file.
+// 1x128 weights), and the grouped (mixture-of-experts) kernel of
+// cpp/sm90_fp8_gemm_grouped_stream.cu (below: an expert's token tiles per CTA). A family
+// supplies a scale policy S (cpp/include/jax_gmma/fp8_stream_scales.cuh); everything else is
+// this file.
 //
 //   D[m, n] = sum_g  sa[m, g] * sb[n, g] * sum_{k in scale group g} A[m, k] * B[n, k]  (+ bias[n])
 //
@@ -34,6 +37,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "jax_gmma/gemm_api.h"
@@ -93,16 +97,17 @@ struct XStep {
   typename S::Word s[NT][2];
 };
 
+// One CTA's tile: weight rows row0 .. row0 + 15 times tokens tok0 .. tok0 + NT * 8 - 1 (those
+// below o.m stored). Shared by the dense kernel (one tile per CTA) and the grouped one (an
+// expert's token tiles in turn; the caller separates two tiles with __syncthreads()).
 template <class S, int NT, int WK, typename OutT>
-__global__ void __launch_bounds__(WK * 32) stream_kernel(const Params<S> p) {
+__device__ __forceinline__ void stream_tile(const Params<S>& p, const int64_t row0, const int64_t tok0) {
   const Operands& o = p.o;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int64_t kblocks = o.k / 32;
   const int64_t ksteps = kblocks / 4;              // whole 128-K steps
   const int tail = static_cast<int>(kblocks % 4);  // 32-K blocks after them
-  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * 16;
-  const int64_t tok0 = static_cast<int64_t>(blockIdx.y) * (NT * 8);
   // Rows past N (the last strip when N % 16 != 0) and tokens past M read row N - 1 / M - 1:
   // computed, never stored.
   int64_t rows[2];
@@ -240,6 +245,117 @@ __global__ void __launch_bounds__(WK * 32) stream_kernel(const Params<S> p) {
   }
 }
 
+template <class S, int NT, int WK, typename OutT>
+__global__ void __launch_bounds__(WK * 32) stream_kernel(const Params<S> p) {
+  stream_tile<S, NT, WK, OutT>(p, static_cast<int64_t>(blockIdx.x) * 16,
+                               static_cast<int64_t>(blockIdx.y) * (NT * 8));
+}
+
+// ---- Grouped (mixture-of-experts) GEMM --------------------------------------------------------
+//
+// A holds the tokens sorted by expert: expert e takes rows [start_e, end_e) with end = cumsum of
+// group_sizes (G,) and start_e = end_e - size_e, in the rows' global numbering; A's row 0 is
+// global row row_ids[0] (a shard of the rows under jax.jit's partitioning: contiguous). B holds
+// the G experts' (N, K) weights back to back, each with its scales (S::expert) and bias row.
+// The group sizes stay on the device: each CTA reads them itself.
+//
+// Grid: x = the 16-row strips of N, y = slots 0 .. min(G, M) - 1 and one last "fill" slot. Slot s
+// takes the s-th non-empty expert with rows in this shard (never more than min(G, M) of them)
+// and runs its token tiles one after another with the expert's weights; the slots without an
+// expert return at once, so empty experts cost nothing but that. The fill slot writes the rows
+// past the groups' total (zeros, as jax.lax.ragged_dot). A negative group size (whose overlapping
+// groups jax.lax.ragged_dot sums) is not multiplied: the fill slot writes NaN to every row and
+// no expert runs, so the result is detectably invalid, never plausible and wrong.
+struct Groups {
+  const int32_t* sizes;    // (G,) int32
+  const int32_t* row_ids;  // row_ids[0]: global index of A's row 0
+  int64_t count;           // G
+};
+
+template <class S>
+struct GroupedParams {
+  Params<S> p;  // o.m: A's rows; o.b, o.bias, s: expert 0's
+  Groups groups;
+};
+
+struct Slot {
+  int64_t expert;      // -1: none
+  int64_t begin, end;  // its global rows
+  int64_t total;       // sum of the group sizes
+  bool negative;       // some group size < 0
+};
+
+// The slot-th non-empty expert with rows in [r0, r0 + m), computed by each warp on its own (the
+// same result in every warp, no shared memory): 32 sizes per round, a warp prefix sum.
+__device__ inline Slot find_slot(const Groups& gr, int64_t r0, int64_t m, int64_t slot) {
+  constexpr unsigned kAll = 0xFFFFFFFFu;
+  const int lane = threadIdx.x & 31;
+  Slot s{-1, 0, 0, 0, false};
+  int64_t base = 0;  // rows of the experts before this round
+  int64_t left = slot;
+  bool negative = false;
+  for (int64_t c = 0; c < gr.count; c += 32) {
+    const int64_t e = c + lane;
+    const int64_t size = e < gr.count ? static_cast<int64_t>(__ldg(gr.sizes + e)) : 0;
+    negative |= size < 0;
+    int64_t incl = size;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const int64_t v = __shfl_up_sync(kAll, incl, d);
+      if (lane >= d) incl += v;
+    }
+    const int64_t end = base + incl, begin = end - size;
+    unsigned live = __ballot_sync(kAll, size > 0 && end > r0 && begin < r0 + m);
+    if (s.expert < 0) {  // warp-uniform
+      const int found = __popc(live);
+      if (left < found) {
+        for (int64_t i = 0; i < left; ++i) live &= live - 1;
+        const int pos = __ffs(live) - 1;
+        s.expert = c + pos;
+        s.begin = __shfl_sync(kAll, begin, pos);
+        s.end = __shfl_sync(kAll, end, pos);
+      } else {
+        left -= found;
+      }
+    }
+    base += __shfl_sync(kAll, incl, 31);
+  }
+  s.total = base;
+  s.negative = __any_sync(kAll, negative);
+  return s;
+}
+
+template <class S, int NT, int WK, typename OutT>
+__global__ void __launch_bounds__(WK * 32) grouped_stream_kernel(const GroupedParams<S> gp) {
+  const Operands& o = gp.p.o;
+  const int64_t r0 = __ldg(gp.groups.row_ids);
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * 16;
+  const bool fill = blockIdx.y == gridDim.y - 1;
+  const Slot s = find_slot(gp.groups, r0, o.m, fill ? 0 : blockIdx.y);
+  if (fill) {
+    const int64_t from = s.negative ? 0 : min(max(s.total - r0, int64_t{0}), o.m);
+    const int cols = static_cast<int>(min(int64_t{16}, o.n - row0));
+    const OutT v = from_float<OutT>(s.negative ? __int_as_float(0x7FC00000) : 0.f);
+    OutT* d = static_cast<OutT*>(o.d);
+    for (int64_t e = threadIdx.x; e < (o.m - from) * 16; e += WK * 32) {
+      const int c = static_cast<int>(e & 15);
+      if (c < cols) d[(from + (e >> 4)) * o.n + row0 + c] = v;
+    }
+    return;
+  }
+  if (s.negative || s.expert < 0) return;
+  const int64_t lo = max(s.begin - r0, int64_t{0}), hi = min(s.end - r0, o.m);
+  Params<S> p = gp.p;
+  p.o.m = hi;  // tokens past the expert's rows read its last row and are not stored
+  p.o.b = o.b + s.expert * o.n * o.k;
+  if (o.bias) p.o.bias = static_cast<const OutT*>(o.bias) + s.expert * o.n;
+  p.s = S::expert(gp.p.s, s.expert);
+  for (int64_t tok0 = lo; tok0 < hi; tok0 += NT * 8) {
+    stream_tile<S, NT, WK, OutT>(p, row0, tok0);
+    __syncthreads();  // the next tile reuses the reduction's shared memory
+  }
+}
+
 // The shape rules every policy shares (K % 32, sizes, the grid); nullptr when they hold.
 inline const char* can_implement_common(int64_t m, int64_t n, int64_t k) {
   if (m <= 0 || n <= 0 || k <= 0) return "M, N and K must be positive";
@@ -259,6 +375,19 @@ cudaError_t launch(const Params<S>& p, uintptr_t scale_ptrs, cudaStream_t stream
   if (ytiles > 65535) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>((p.o.n + 15) / 16), static_cast<unsigned>(ytiles));
   stream_kernel<S, NT, WK, OutT><<<grid, WK * 32, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+// Enqueues the grouped kernel (G >= 1 experts); the alignment rules of launch().
+template <class S, int NT, int WK, typename OutT>
+cudaError_t launch_grouped(const GroupedParams<S>& gp, uintptr_t scale_ptrs, cudaStream_t stream) {
+  if (((reinterpret_cast<uintptr_t>(gp.p.o.a) | reinterpret_cast<uintptr_t>(gp.p.o.b) | scale_ptrs) % 16) != 0)
+    return cudaErrorMisalignedAddress;
+  if (gp.groups.count < 1 || !gp.groups.sizes || !gp.groups.row_ids) return cudaErrorInvalidValue;
+  const int64_t slots = std::min(gp.groups.count, gp.p.o.m) + 1;
+  if (slots > 65535) return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>((gp.p.o.n + 15) / 16), static_cast<unsigned>(slots));
+  grouped_stream_kernel<S, NT, WK, OutT><<<grid, WK * 32, 0, stream>>>(gp);
   return cudaGetLastError();
 }
 

@@ -67,6 +67,14 @@ struct GemmArgs {
   // arguments of the same kernels.
   int32_t swizzle = 1;
   int32_t raster = 0;
+  // Grouped (mixture-of-experts) family ("grouped_*" configs) only. B is G experts' (N, K)
+  // weights back to back, each with its own scales (laid out as one expert's, back to back) and
+  // bias row (bias (G, N)); group_sizes (G,) int32 on the device: expert e takes A's rows
+  // [end_e - size_e, end_e), end = cumsum(group_sizes), numbered from row_ids[0] (the global
+  // index of A's row 0, on the device); rows past the total come out zero.
+  const int32_t* group_sizes = nullptr;
+  const int32_t* row_ids = nullptr;
+  int64_t groups = 0;
 };
 
 // Bytes of a swizzled 128x4-atom scale-factor tensor for `rows` rows and K blocks of `vec`

@@ -1,0 +1,133 @@
+// XLA FFI handler of the grouped (mixture-of-experts) FP8 GEMM family
+// (cpp/sm90_fp8_gemm_grouped_stream.cu, "grouped_*" configs), target "jax_gmma_fp8_grouped_gemm"
+// (typed FFI, CUDA platform): jax_gmma.ragged_dot's kernel. Graph safety: the execute path of
+// the other GEMM handlers (ffi_common::launch; rules in ffi/graph_safety.h); the group sizes and
+// the row offset are read by the kernel, never by the host.
+#include "common.h"
+
+namespace jax_gmma {
+namespace {
+
+using namespace ffi_common;
+
+enum class Scales { kBlock1d2d, kBlock1d1d, kMx, kRow, kUnknown };
+
+Scales scales_of(std::string_view config) {
+  auto starts = [&](std::string_view p) { return config.substr(0, p.size()) == p; };
+  if (starts("grouped_blockwise_1d2d_")) return Scales::kBlock1d2d;
+  if (starts("grouped_blockwise_1d1d_")) return Scales::kBlock1d1d;
+  if (starts("grouped_mxf8_")) return Scales::kMx;
+  if (starts("grouped_fp8_")) return Scales::kRow;
+  return Scales::kUnknown;
+}
+
+// Operands: a (M, K) float8_e4m3fn tokens sorted by expert; b (G, N, K) float8_e4m3fn experts;
+// the scales of the config's kind, per expert back to back --
+//   grouped_blockwise_1d2d / _1d1d: a_scales f32 (kb, round_up(M, 4)), b_scales f32
+//     (G, kb, round_up(rows, 4)), kb = ceil(K/128), rows = ceil(N/128) / N (gemm_api.h's layout);
+//   grouped_mxf8: a_scales, b_scales uint8 E8M0 in the swizzled 128x4-atom layout,
+//     mx_sf_bytes(M, K, 32) and G * mx_sf_bytes(N, K, 32) bytes;
+//   grouped_fp8: a_scales f32 (M,) or (1,), b_scales f32 (G, N) or (G,);
+// bias (G, N) in the output dtype (read only when has_bias); group_sizes (G,) int32; row_ids
+// (M,) int32 (row_ids[0]: the global index of row 0). Result: d (M, N) bfloat16 or float32.
+ffi::Error Fp8GroupedGemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
+                              ffi::AnyBuffer a_scales, ffi::AnyBuffer b_scales, ffi::AnyBuffer bias,
+                              ffi::AnyBuffer group_sizes, ffi::AnyBuffer row_ids,
+                              ffi::Result<ffi::AnyBuffer> d, std::string_view config, bool has_bias) {
+  HostTimer timer;
+  auto bad = [](std::string_view msg) { return fail("jax_gmma_fp8_grouped_gemm", msg); };
+  // Cheap structural checks: the Python shape rules already enforce these at trace time.
+  auto ad = a.dimensions();
+  auto bd = b.dimensions();
+  auto dd = d->dimensions();
+  if (ad.size() != 2 || bd.size() != 3 || dd.size() != 2) return bad("a, b, d must be (M, K), (G, N, K), (M, N)");
+  const int64_t m = ad[0], k = ad[1], groups = bd[0], n = bd[1];
+  if (bd[2] != k || dd[0] != m || dd[1] != n) return bad("shape mismatch");
+  DType ta, tb, td;
+  if (!to_dtype(a.element_type(), &ta) || !to_dtype(b.element_type(), &tb) ||
+      !to_dtype(d->element_type(), &td))
+    return bad("unsupported dtype");
+  if (group_sizes.element_type() != ffi::DataType::S32 ||
+      static_cast<int64_t>(group_sizes.element_count()) != groups)
+    return bad("group_sizes must be (G,) int32");
+  if (row_ids.element_type() != ffi::DataType::S32 || static_cast<int64_t>(row_ids.element_count()) != m)
+    return bad("row_ids must be (M,) int32");
+  if (has_bias && (bias.element_type() != d->element_type() ||
+                   static_cast<int64_t>(bias.element_count()) != groups * n))
+    return bad("bias must be (G, N) in the output dtype");
+
+  GemmArgs g;
+  const int64_t kb = (k + 127) / 128;
+  const int64_t as = a_scales.element_count(), bs = b_scales.element_count();
+  switch (scales_of(config)) {
+    case Scales::kBlock1d2d:
+    case Scales::kBlock1d1d: {
+      const bool d2 = scales_of(config) == Scales::kBlock1d2d;
+      g.a_block_scale_ld = block_scale_ld(m);
+      g.b_block_scale_ld = block_scale_ld(d2 ? (n + 127) / 128 : n);
+      if (a_scales.element_type() != ffi::DataType::F32 || b_scales.element_type() != ffi::DataType::F32 ||
+          as != kb * g.a_block_scale_ld || bs != groups * kb * g.b_block_scale_ld)
+        return bad("block scales (expected float32 (ceil(K/128), round_up(M, 4)) and (G, ceil(K/128), "
+                   "round_up(rows, 4)) MN-major scales)");
+      g.a_block_scale = static_cast<const float*>(a_scales.untyped_data());
+      g.b_block_scale = static_cast<const float*>(b_scales.untyped_data());
+      break;
+    }
+    case Scales::kMx:
+      if (a_scales.element_type() != ffi::DataType::U8 || b_scales.element_type() != ffi::DataType::U8 ||
+          static_cast<int64_t>(a_scales.size_bytes()) != mx_sf_bytes(m, k, 32) ||
+          static_cast<int64_t>(b_scales.size_bytes()) != groups * mx_sf_bytes(n, k, 32))
+        return bad("scale factors (expected uint8 bytes in the swizzled 128x4-atom layout, per expert)");
+      g.a_sf = a_scales.untyped_data();
+      g.b_sf = b_scales.untyped_data();
+      break;
+    case Scales::kRow:
+      if (a_scales.element_type() != ffi::DataType::F32 || b_scales.element_type() != ffi::DataType::F32 ||
+          (as != m && as != 1) || (bs != groups * n && bs != groups))
+        return bad("scales (expected float32 (M,) or (1,) and (G, N) or (G,))");
+      g.a_scale = static_cast<const float*>(a_scales.untyped_data());
+      g.b_scale = static_cast<const float*>(b_scales.untyped_data());
+      g.a_scale_per_row = as == m && m != 1;
+      g.b_scale_per_col = bs == groups * n && n != 1;
+      break;
+    case Scales::kUnknown:
+      return bad("config must be a grouped_* kernel");
+  }
+
+  thread_local EntryCache cache;
+  std::string why;
+  const KernelEntry* entry = lookup(cache, config, ta, tb, td, &why);
+  if (!entry) return bad(why);
+
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.a = a.untyped_data();
+  g.b = b.untyped_data();
+  g.bias = has_bias ? bias.untyped_data() : nullptr;
+  g.d = d->untyped_data();
+  g.group_sizes = static_cast<const int32_t*>(group_sizes.untyped_data());
+  g.row_ids = static_cast<const int32_t*>(row_ids.untyped_data());
+  g.groups = groups;
+  return launch(entry, g, stream);
+}
+
+}  // namespace
+}  // namespace jax_gmma
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxGmmaFp8GroupedGemm, jax_gmma::Fp8GroupedGemmImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()  // a (M, K)
+                                  .Arg<ffi::AnyBuffer>()  // b (G, N, K)
+                                  .Arg<ffi::AnyBuffer>()  // a_scales (kernel layout)
+                                  .Arg<ffi::AnyBuffer>()  // b_scales (kernel layout, per expert)
+                                  .Arg<ffi::AnyBuffer>()  // bias (G, N)
+                                  .Arg<ffi::AnyBuffer>()  // group_sizes (G,) int32
+                                  .Arg<ffi::AnyBuffer>()  // row_ids (M,) int32
+                                  .Ret<ffi::AnyBuffer>()  // d (M, N)
+                                  .Attr<std::string_view>("config")
+                                  .Attr<bool>("has_bias"),
+                              JAX_GMMA_GRAPH_SAFE_TRAITS);
+
+JAX_GMMA_EXPORT_HANDLER(jax_gmma_fp8_grouped_gemm_handler, JaxGmmaFp8GroupedGemm)

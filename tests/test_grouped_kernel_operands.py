@@ -1,0 +1,134 @@
+"""The grouped kernels' operands as ragged_dot's CUDA lowering builds them (CPU): a NumPy model of
+the kernel contract (ffi/grouped_ffi.cc, cpp/include/jax_gmma/fp8_stream.cuh: MN-major block
+scales per expert, swizzled E8M0 bytes, per-row / per-tensor scales, the expert slots and the
+rows past the total) applied to ``grouped.kernel_operands`` must give the reference's result;
+and the config rule (``grouped_configs``). The kernels themselves run in tests/test_gpu_grouped.py."""
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+import jax_gmma
+from jax_gmma.ops import grouped
+from jax_gmma.ops import grouped_configs as gc
+
+G, N, K, M = 4, 40, 288, 24
+FORMATS = ("fp8_128x128", "fp8_1x128", "mxfp8", "fp8_channel", "fp8_tensor")
+
+
+def _inputs(fmt, x_format=None, seed=0):
+  rng = np.random.default_rng(seed)
+  w = (rng.standard_normal((G, N, K)) * (1 + np.arange(G)).reshape(G, 1, 1)).astype(np.float32)
+  x = rng.standard_normal((M, K)).astype(np.float32)
+  wq = (jax.vmap(lambda e: jax_gmma.quantize(e, fmt))(jnp.asarray(w)) if fmt == "fp8_tensor"
+        else jax_gmma.quantize(jnp.asarray(w), fmt))
+  xf = x_format or grouped.X_FORMATS[fmt][0]
+  return jax_gmma.quantize(jnp.asarray(x), xf), wq
+
+
+def _mx_word_offset(r, j, k_atoms):
+  return ((r >> 7) * k_atoms + j) * 512 + (r & 31) * 16 + ((r >> 5) & 3) * 4
+
+
+def _mx_scale(sf, rows, kb, base=0):
+  """(rows, kb) float64 from swizzled E8M0 bytes (gemm_api.h's mx_sf_word_offset)."""
+  k_atoms = -(-kb // 4)
+  out = np.empty((rows, kb))
+  for r in range(rows):
+    for b in range(kb):
+      code = int(sf[base + _mx_word_offset(r, b // 4, k_atoms) + b % 4])
+      out[r, b] = np.nan if code == 255 else 2.0 ** (code - 127)
+  return out
+
+
+def _model(kind, a, b, sa, sb, sizes, row0=0, bias=None):
+  """What the kernel computes from its operands (float64), by its documented contract."""
+  a = np.asarray(a.astype(jnp.float32), np.float64)
+  b = np.asarray(b.astype(jnp.float32), np.float64)
+  sa, sb = np.asarray(sa), np.asarray(sb)
+  m, kp = a.shape
+  g, n, _ = b.shape
+  kb = -(-kp // 128)
+  if kind.startswith("blockwise"):
+    ld_a = -(-m // 4) * 4
+    assert sa.shape == (kb, ld_a)
+    row_block = 128 if kind == "blockwise_1d2d" else 1
+    rows_b = -(-n // row_block)
+    assert sb.shape == (g, kb, -(-rows_b // 4) * 4)
+    xs = np.repeat(sa[:, :m].T, 128, axis=1)[:, :kp]
+    ws = [np.repeat(np.repeat(sb[e][:, :rows_b].T, row_block, axis=0)[:n], 128, axis=1)[:, :kp]
+          for e in range(g)]
+  elif kind == "mxf8":
+    assert sa.dtype == np.uint8 and sb.dtype == np.uint8
+    per = sb.size // g
+    xs = np.repeat(_mx_scale(sa, m, kp // 32), 32, axis=1)
+    ws = [np.repeat(_mx_scale(sb, n, kp // 32, e * per), 32, axis=1) for e in range(g)]
+  else:
+    assert sa.size in (m, 1) and sb.size in (g * n, g)
+    xs = np.broadcast_to(sa.reshape(-1, 1).astype(np.float64), (m, 1))
+    ws = [np.broadcast_to(sb.reshape(g, -1)[e].reshape(-1, 1).astype(np.float64), (n, 1))
+          for e in range(g)]
+  out = np.zeros((m, n))
+  end = np.cumsum(sizes)
+  for e in range(g):
+    lo, hi = max(end[e] - sizes[e] - row0, 0), min(end[e] - row0, m)
+    for i in range(lo, hi):
+      out[i] = (ws[e] * b[e]) @ (xs[i] * a[i])
+      if bias is not None:
+        out[i] += bias[e]
+  return out
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_kernel_operands_follow_the_contract(fmt):
+  xq, wq = _inputs(fmt)
+  kind = gc.KINDS[fmt]
+  a, b, sa, sb = grouped.kernel_operands(xq, wq, kind)
+  assert a.dtype == jnp.float8_e4m3fn and b.dtype == jnp.float8_e4m3fn
+  assert a.shape[0] == M and b.shape[:2] == (G, N) and a.shape[1] == b.shape[2]
+  assert a.shape[1] % gc.K_BLOCK == 0
+  sizes = np.array([7, 0, 11, 3])  # an empty expert, 3 rows past the total
+  bias = np.random.default_rng(1).standard_normal((G, N))
+  got = _model(kind, a, b, sa, sb, sizes, bias=bias)
+  ref = jax_gmma.ragged_dot(xq, wq, jnp.asarray(sizes, jnp.int32), bias=bias, out_dtype=jnp.float32)
+  ref = np.asarray(ref, np.float64)
+  assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-6
+  assert not got[sizes.sum():].any()
+
+
+def test_rows_of_a_shard():
+  """A shard of the rows (row_ids[0] = 10): the groups apply to the global row numbers."""
+  xq, wq = _inputs("fp8_1x128")
+  sizes = np.array([7, 0, 11, 3])
+  a, b, sa, sb = grouped.kernel_operands(xq, wq, "blockwise_1d1d")
+  whole = _model("blockwise_1d1d", a, b, sa, sb, sizes)
+  part = jax.tree.map(lambda v: v[10:18], xq)
+  a2, _, sa2, _ = grouped.kernel_operands(part, wq, "blockwise_1d1d")
+  np.testing.assert_allclose(_model("blockwise_1d1d", a2, b, sa2, sb, sizes, row0=10), whole[10:18],
+                             rtol=1e-12)
+
+
+def test_swizzled_mx_operands_pass_through():
+  """MX operands already in the kernels' swizzled layout reach the kernel as the same bytes."""
+  xq, wq = _inputs("mxfp8")
+  rows = grouped.kernel_operands(xq, wq, "mxf8")
+  xs = jax_gmma.quantize(xq.dequantize(), "mxfp8", layout="sm100_128x4")
+  ws = jax_gmma.quantize(wq.dequantize(), "mxfp8", layout="sm100_128x4")
+  swz = grouped.kernel_operands(xs, ws, "mxf8")
+  for r, s in zip(rows, swz):
+    np.testing.assert_array_equal(np.asarray(r).view(np.uint8), np.asarray(s).view(np.uint8))
+
+
+def test_config_rule():
+  p = lambda m, n, g: gc.GroupedProblem(m=m, n=n, k=2048, g=g, fmt="fp8_128x128")
+  assert gc.select_config(p(8, 4096, 256), 132) == "stream_16x8_kw4"      # 8 slots x 256 strips
+  assert gc.select_config(p(1, 1536, 128), 132) == "stream_16x8_kw8"      # 1 slot x 96 strips
+  assert gc.select_config(p(4096, 4096, 8), 132) == "stream_16x16_kw4"    # 512 rows per expert
+  for m, n, g in ((1, 16, 1), (64, 2048, 32), (16384, 28672, 8)):
+    name = gc.select_config(p(m, n, g), 132)
+    assert name in gc.CONFIGS
+  assert gc.unsupported(gc.GroupedProblem(m=4, n=64, k=2048, g=8, fmt="nvfp4")).startswith(
+      "no grouped kernel for nvfp4")
+  assert "multiple of 32" in gc.unsupported(gc.GroupedProblem(m=4, n=64, k=48, g=8, fmt="fp8_channel"))
+  assert gc.unsupported(gc.GroupedProblem(m=4, n=64, k=2048, g=8, fmt="mxfp8")) is None
