@@ -10,7 +10,7 @@
 //        tools/sanitize/driver.cu -L"$L" -ljax_gmma_cuda -cudart static -Xlinker -rpath,"$L"
 //   (one command line)
 // Run (GPU): ./sanitize_driver [--family F[,F...]] [--quick] [--case SUBSTR] [--json FILE] [--list]
-//   families: quantize, unpack, weightonly, mx, blockwise, tensorwise (default: all)
+//   families: quantize, unpack, weightonly, grouped, mx, blockwise, tensorwise (default: all)
 //   --plant oob|race|uninit|sync launches one deliberately broken kernel of the driver's own,
 //   which the matching sanitizer tool must report (run.sh's check that the tool works).
 //
@@ -473,6 +473,332 @@ const GemmCase kMx[] = {
     {"sm90_mxf8_stream_16x16_kw8", E4, BF, 3, 200, 256, 1, 0, false, false, false},
 };
 
+// -- grouped (mixture-of-experts) FP8 weight streaming -------------------------------------------
+//
+// The "grouped_*_stream_*" configs (gemm_api.h's group fields, ffi/grouped_ffi.cc's operands): A
+// (M, K) the tokens sorted by expert, B (G, N, K) the experts back to back, each with its own
+// scales and bias row; group_sizes (G,) and row_ids (M,) int32 on the device. Global row
+// row_ids[0] + i (A's row i) belongs to expert e when end_e - size_e <= row < end_e (end =
+// cumsum(group_sizes)); rows past the total are exactly zero; a negative size makes every element
+// NaN. The kernel writes every element of D (expert rows, zero rows, NaN rows).
+
+enum class GKind { kBlock1d2d, kBlock1d1d, kMx, kRow };
+
+GKind grouped_kind(const char* config) {
+  if (std::strstr(config, "_blockwise_1d2d_")) return GKind::kBlock1d2d;
+  if (std::strstr(config, "_blockwise_1d1d_")) return GKind::kBlock1d1d;
+  if (std::strstr(config, "_mxf8_")) return GKind::kMx;
+  return GKind::kRow;
+}
+
+struct GroupedCase {
+  const char* config;
+  DType d;
+  int64_t m, n, k;
+  const char* sizes;  // the group sizes: a comma list, "v*c" for c copies of v
+  int64_t r0;         // row_ids[0]: the global index of A's row 0 (a shard of the rows)
+  bool a_vec, b_vec;  // fp8 kind: per-row A, per-channel B scales (else per-tensor, per-expert)
+  bool bias;
+  bool quick;
+};
+
+std::vector<int32_t> parse_sizes(const char* s) {
+  std::vector<int32_t> out;
+  while (*s) {
+    char* end;
+    const long v = std::strtol(s, &end, 10);
+    long count = 1;
+    if (*end == '*') count = std::strtol(end + 1, &end, 10);
+    out.insert(out.end(), count, static_cast<int32_t>(v));
+    s = *end == ',' ? end + 1 : end;
+  }
+  return out;
+}
+
+std::string grouped_name(const GroupedCase& c) {
+  char buf[320];
+  const char* sc = "";
+  if (grouped_kind(c.config) == GKind::kRow)
+    sc = c.a_vec ? (c.b_vec ? " scales=row/channel" : " scales=row/expert")
+                 : (c.b_vec ? " scales=tensor/channel" : " scales=tensor/expert");
+  std::snprintf(buf, sizeof buf, "%s e4m3xe4m3->%s M=%lld N=%lld K=%lld G=%zu sizes=%s%s%s%s", c.config,
+                dshort(c.d), static_cast<long long>(c.m), static_cast<long long>(c.n),
+                static_cast<long long>(c.k), parse_sizes(c.sizes).size(), c.sizes,
+                c.r0 ? (" r0=" + std::to_string(c.r0)).c_str() : "", sc, c.bias ? " bias" : "");
+  return buf;
+}
+
+Outcome run_grouped(const GroupedCase& c, Ctx& ctx) {
+  Outcome o;
+  char buf[200];
+  o.name = grouped_name(c);
+  const DType e4 = DType::kF8E4M3;
+  const jax_gmma::KernelEntry* e = jax_gmma::find_kernel(c.config, e4, e4, c.d);
+  if (!e) {
+    o.status = "SKIP";
+    o.detail = jax_gmma::missing_kernel_message(c.config, e4, e4, c.d);
+    return o;
+  }
+  Rng r(hash_name(o.name.c_str()) ^ ctx.seed);
+  const std::vector<int32_t> sizes = parse_sizes(c.sizes);
+  const int64_t ng = static_cast<int64_t>(sizes.size()), m = c.m, n = c.n, k = c.k;
+  const GKind kind = grouped_kind(c.config);
+
+  // Operands: A (M, K), B (G, N, K).
+  std::vector<uint8_t> ha(m * k), hb(ng * n * k);
+  std::vector<float> fa(m * k), fb(ng * n * k);
+  for (int64_t i = 0; i < m * k; ++i) {
+    ha[i] = random_e4m3(r);
+    fa[i] = e4m3_to_f32(ha[i]);
+  }
+  for (int64_t i = 0; i < ng * n * k; ++i) {
+    hb[i] = random_e4m3(r);
+    fb[i] = e4m3_to_f32(hb[i]);
+  }
+  DevBuf da = upload_vec(ha), db = upload_vec(hb);
+
+  jax_gmma::GemmArgs g;
+  g.m = m, g.n = n, g.k = k;
+  g.a = da.p(), g.b = db.p();
+  g.sm_count = ctx.sms;
+  g.device = ctx.dev;
+
+  // Scales, per expert back to back (host copies for the reference).
+  const int64_t kb = (k + 127) / 128;
+  std::vector<float> abs_, bbs;  // block-scaled: (kb, lda) and (G, kb, ldb), MN-major
+  int64_t lda = 0, ldb = 0, gran_b = 1, rows_b = 0;
+  std::vector<uint8_t> asf, bsf;  // MX: swizzled E8M0, mx_sf_bytes(M, K, 32) and G * sf_b
+  int64_t k_atoms = 0, sf_b = 0;
+  std::vector<float> as, bs;  // fp8: (M,) or (1,), (G, N) or (G,)
+  DevBuf d_as, d_bs;
+  if (kind == GKind::kBlock1d2d || kind == GKind::kBlock1d1d) {
+    gran_b = kind == GKind::kBlock1d2d ? 128 : 1;
+    rows_b = (n + gran_b - 1) / gran_b;
+    lda = jax_gmma::block_scale_ld(m);
+    ldb = jax_gmma::block_scale_ld(rows_b);
+    abs_.assign(kb * lda, 1.f);
+    bbs.assign(ng * kb * ldb, 1.f);
+    for (int64_t b = 0; b < kb; ++b)
+      for (int64_t i = 0; i < m; ++i) abs_[b * lda + i] = r.uniform(0.25f, 4.f);
+    for (int64_t x = 0; x < ng; ++x)
+      for (int64_t b = 0; b < kb; ++b)
+        for (int64_t i = 0; i < rows_b; ++i) bbs[(x * kb + b) * ldb + i] = r.uniform(0.25f, 4.f);
+    d_as.alloc(abs_.size() * 4);
+    d_as.upload(abs_.data());
+    d_bs.alloc(bbs.size() * 4);
+    d_bs.upload(bbs.data());
+    g.a_block_scale = static_cast<const float*>(d_as.p());
+    g.b_block_scale = static_cast<const float*>(d_bs.p());
+    g.a_block_scale_ld = lda;
+    g.b_block_scale_ld = ldb;
+  } else if (kind == GKind::kMx) {
+    const int64_t kblocks = k / 32;
+    k_atoms = (kblocks + 3) / 4;
+    sf_b = jax_gmma::mx_sf_bytes(n, k, 32);
+    asf.assign(jax_gmma::mx_sf_bytes(m, k, 32), 0);  // padding: zero bytes, as the quantizer writes
+    bsf.assign(ng * sf_b, 0);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t b = 0; b < kblocks; ++b)
+        asf[jax_gmma::mx_sf_word_offset(i, b / 4, k_atoms) + b % 4] = static_cast<uint8_t>(r.range(122, 132));
+    for (int64_t x = 0; x < ng; ++x)
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t b = 0; b < kblocks; ++b)
+          bsf[x * sf_b + jax_gmma::mx_sf_word_offset(i, b / 4, k_atoms) + b % 4] =
+              static_cast<uint8_t>(r.range(122, 132));
+    d_as.alloc(asf.size());
+    d_as.upload(asf.data());
+    d_bs.alloc(bsf.size());
+    d_bs.upload(bsf.data());
+    g.a_sf = d_as.p();
+    g.b_sf = d_bs.p();
+  } else {
+    as.resize(c.a_vec ? m : 1);
+    bs.resize(c.b_vec ? ng * n : ng);
+    for (float& v : as) v = r.uniform(0.5f, 2.f);
+    for (float& v : bs) v = r.uniform(0.5f, 2.f);
+    d_as.alloc(as.size() * 4);
+    d_as.upload(as.data());
+    d_bs.alloc(bs.size() * 4);
+    d_bs.upload(bs.data());
+    g.a_scale = static_cast<const float*>(d_as.p());
+    g.b_scale = static_cast<const float*>(d_bs.p());
+    g.a_scale_per_row = c.a_vec && m != 1;  // as ffi/grouped_ffi.cc sets them
+    g.b_scale_per_col = c.b_vec && n != 1;
+  }
+
+  // Each row's expert (-1: none, the row is past the total), from the sizes as the contract
+  // states them; a negative size anywhere: every element NaN, nothing multiplied.
+  bool negative = false;
+  for (int32_t s : sizes) negative |= s < 0;
+  std::vector<int64_t> owner(m, -1);
+  int64_t total = 0;
+  for (int64_t x = 0; x < ng; ++x) {
+    const int64_t begin = total;
+    total += sizes[x];
+    if (negative) continue;
+    for (int64_t row = std::max(begin, c.r0); row < std::min(total, c.r0 + m); ++row) owner[row - c.r0] = x;
+  }
+
+  // Host reference (double) of the expert rows' products, before the bias.
+  std::vector<double> prod(m * n, 0.);
+  double sq = 0;
+  int64_t expert_rows = 0;
+  for (int64_t i = 0; i < m; ++i) {
+    const int64_t x = owner[i];
+    if (x < 0) continue;
+    ++expert_rows;
+    for (int64_t j = 0; j < n; ++j) {
+      const float* pa = &fa[i * k];
+      const float* pb = &fb[(x * n + j) * k];
+      double acc = 0;
+      if (kind == GKind::kBlock1d2d || kind == GKind::kBlock1d1d) {
+        for (int64_t b = 0; b < kb; ++b) {
+          double part = 0;
+          for (int64_t kk = b * 128; kk < std::min(k, (b + 1) * 128); ++kk) part += static_cast<double>(pa[kk]) * pb[kk];
+          acc += part * abs_[b * lda + i] * bbs[(x * kb + b) * ldb + j / gran_b];
+        }
+      } else if (kind == GKind::kMx) {
+        for (int64_t b = 0; b * 32 < k; ++b) {
+          double part = 0;
+          for (int64_t kk = b * 32; kk < (b + 1) * 32; ++kk) part += static_cast<double>(pa[kk]) * pb[kk];
+          const uint8_t ca = asf[jax_gmma::mx_sf_word_offset(i, b / 4, k_atoms) + b % 4];
+          const uint8_t cb = bsf[x * sf_b + jax_gmma::mx_sf_word_offset(j, b / 4, k_atoms) + b % 4];
+          acc += part * e8m0_to_f32(ca) * e8m0_to_f32(cb);
+        }
+      } else {
+        for (int64_t kk = 0; kk < k; ++kk) acc += static_cast<double>(pa[kk]) * pb[kk];
+        acc *= static_cast<double>(as[c.a_vec ? i : 0]) * bs[c.b_vec ? x * n + j : x];
+      }
+      prod[i * n + j] = acc;
+      sq += acc * acc;
+    }
+  }
+
+  // Bias (G, N), scaled by a power of two near the products' RMS (exact in bf16): a wrong
+  // expert's bias row is then far outside the tolerance.
+  std::vector<uint8_t> hbias;
+  std::vector<float> fbias;
+  DevBuf dbias;
+  if (c.bias) {
+    random_out_vec(r, c.d, ng * n, hbias, fbias);
+    const double rms = expert_rows ? std::sqrt(sq / static_cast<double>(expert_rows * n)) : 1.;
+    const float p2 = std::ldexp(1.f, static_cast<int>(std::lround(std::log2(std::max(rms, 1e-30)))));
+    for (int64_t i = 0; i < ng * n; ++i) {
+      fbias[i] *= p2;
+      if (c.d == DType::kF32) {
+        std::memcpy(&hbias[4 * i], &fbias[i], 4);
+      } else {
+        const uint16_t h = f32_to_bf16(fbias[i]);
+        std::memcpy(&hbias[2 * i], &h, 2);
+      }
+    }
+    dbias.alloc(hbias.size());
+    dbias.upload(hbias.data());
+    g.bias = dbias.p();
+  }
+  std::vector<int32_t> row_ids(m);
+  for (int64_t i = 0; i < m; ++i) row_ids[i] = static_cast<int32_t>(c.r0 + i);
+  DevBuf dsizes = upload_vec(sizes), drows = upload_vec(row_ids);
+  g.group_sizes = static_cast<const int32_t*>(dsizes.p());
+  g.row_ids = static_cast<const int32_t*>(drows.p());
+  g.groups = ng;
+  DevBuf dd(m * n * esize(c.d));
+  dd.fill(0xFF);  // NaN in bf16 / f32: an element never written fails the check
+  g.d = dd.p();
+
+  if (const char* why = e->can_implement(g)) {
+    o.status = "SKIP";
+    o.detail = std::string("can_implement: ") + why;
+    return o;
+  }
+  const size_t wsb = e->workspace_size(g);
+  DevBuf ws(wsb);
+  g.workspace = ws.p();
+  g.workspace_bytes = wsb;
+  CK(jax_gmma::ensure_prepared(e, ctx.dev));
+  CK(e->run(g, ctx.stream));
+  ++o.launches;
+  CK(cudaStreamSynchronize(ctx.stream));
+  CK(cudaGetLastError());
+  const std::vector<float> got = decode_out(dd.download(), c.d);
+
+  const int64_t slots = std::min(ng, m) + 1;
+  if (negative) {
+    int64_t bad = 0;
+    for (float v : got) bad += !std::isnan(v);
+    o.status = bad ? "FAIL" : "PASS";
+    std::snprintf(buf, sizeof buf, "negative group size: %lld of %lld elements not NaN, slots=%lld",
+                  static_cast<long long>(bad), static_cast<long long>(m * n), static_cast<long long>(slots));
+    o.detail = buf;
+    return o;
+  }
+  // Expert rows against the reference (+ bias); the rows past the total exactly zero.
+  std::vector<float> got_e;
+  std::vector<double> ref_e;
+  int64_t bad_zero = 0, first_bad = -1;
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      if (owner[i] < 0) {
+        if (got[i * n + j] == 0.f) continue;
+        if (first_bad < 0) first_bad = i * n + j;
+        ++bad_zero;
+        continue;
+      }
+      got_e.push_back(got[i * n + j]);
+      ref_e.push_back(prod[i * n + j] + (c.bias ? fbias[owner[i] * n + j] : 0.));
+    }
+  Check chk;
+  if (!ref_e.empty()) chk = compare_gemm(got_e, ref_e, kTolFrob, kTolElem);
+  std::snprintf(buf, sizeof buf, "expert rows=%lld zero rows=%lld slots=%lld", static_cast<long long>(expert_rows),
+                static_cast<long long>(m - expert_rows), static_cast<long long>(slots));
+  o.detail = buf;
+  if (!ref_e.empty()) o.detail += " " + chk.detail;
+  if (bad_zero) {
+    std::snprintf(buf, sizeof buf, " %lld zero-row elements not exactly 0 (first at flat index %lld: %g)",
+                  static_cast<long long>(bad_zero), static_cast<long long>(first_bad), got[first_bad]);
+    o.detail += buf;
+  }
+  o.status = chk.ok && bad_zero == 0 ? "PASS" : "FAIL";
+  return o;
+}
+
+// Cases: every scale kind x config, bf16 and f32 out. N not a multiple of 16 (200, 136, 264, 202,
+// 72: partial last 16-row strip; 99 odd); K: block-scaled a multiple of 128 (their operands are
+// padded to whole 128-K blocks), MX / fp8 K % 128 = 32 or 96 (a partial last K step), down to
+// K = 96 and 32 (no whole step). Group sizes with empty experts, experts spanning several 8- or
+// 16-token tiles (the shared reduction buffer reused), totals equal to, below (zero rows) and
+// above M (the last experts cut), nonzero r0 (a shard starting inside an expert, or past the
+// total: all zero), G > M (slots = min(G, M) + 1) over several 32-expert rounds of the slot search,
+// a single expert, negative sizes (all NaN).
+const GroupedCase kGrouped[] = {
+    // block-scaled 1d2d (128x128 weight blocks)
+    {"grouped_blockwise_1d2d_stream_16x8_kw4", BF, 17, 200, 256, "5,0,12", 0, false, false, true, true},
+    {"grouped_blockwise_1d2d_stream_16x8_kw8", F32, 40, 136, 384, "0,9,0,0,20,3", 0, false, false, false, false},
+    {"grouped_blockwise_1d2d_stream_16x16_kw4", BF, 33, 264, 512, "10,30,7", 0, false, false, true, false},
+    {"grouped_blockwise_1d2d_stream_16x16_kw8", BF, 130, 202, 1024, "40,0,50,40", 0, false, false, false, false},
+    // block-scaled 1d1d (1x128 weight blocks)
+    {"grouped_blockwise_1d1d_stream_16x8_kw4", F32, 3, 200, 128, "0,3", 0, false, false, true, true},
+    {"grouped_blockwise_1d1d_stream_16x8_kw8", BF, 24, 72, 256, "4,12,20,0", 10, false, false, true, false},
+    {"grouped_blockwise_1d1d_stream_16x16_kw4", BF, 5, 136, 384, "0*20,2,0*14,3,0*4", 0, false, false, false, true},
+    {"grouped_blockwise_1d1d_stream_16x16_kw8", F32, 64, 99, 256, "17,0,30,17", 0, false, false, true, false},
+    // MXFP8 (E8M0 per 32 of K, swizzled per expert)
+    {"grouped_mxf8_stream_16x8_kw4", BF, 1, 200, 224, "0,1,0", 0, false, false, false, true},
+    {"grouped_mxf8_stream_16x8_kw8", F32, 17, 202, 288, "3,0,0,14", 0, false, false, true, false},
+    {"grouped_mxf8_stream_16x16_kw4", BF, 30, 136, 480, "5,20,0,30", 7, false, false, true, true},
+    {"grouped_mxf8_stream_16x16_kw8", BF, 40, 200, 1056, "36", 0, false, false, false, false},
+    {"grouped_mxf8_stream_16x8_kw4", F32, 9, 72, 96, "4,5", 0, false, false, false, false},
+    {"grouped_mxf8_stream_16x8_kw8", BF, 3, 136, 224, "0*33,1,0*30,2,0*5", 0, false, false, false, false},
+    {"grouped_mxf8_stream_16x16_kw8", F32, 33, 136, 224, "10,-3,30", 0, false, false, false, false},
+    // fp8: per-row / per-tensor tokens x per-channel / per-expert weights
+    {"grouped_fp8_stream_16x8_kw4", BF, 3, 200, 224, "2,1", 0, true, true, true, true},
+    {"grouped_fp8_stream_16x8_kw8", F32, 17, 200, 160, "9,0,8", 0, false, false, false, false},
+    {"grouped_fp8_stream_16x16_kw4", BF, 40, 136, 352, "0,25,0,10", 0, true, false, true, false},
+    {"grouped_fp8_stream_16x16_kw8", BF, 20, 202, 32, "20", 0, false, true, false, false},
+    {"grouped_fp8_stream_16x8_kw4", BF, 17, 200, 224, "3,0*31,5,-2,4,0", 0, true, true, true, true},
+    {"grouped_fp8_stream_16x16_kw4", F32, 8, 136, 288, "10,5", 20, true, true, false, false},
+    {"grouped_fp8_stream_16x16_kw8", F32, 1, 200, 480, "10,5,0", 13, true, true, true, false},
+};
+
 // -- weight-only decode GEMM (FP4 / FP6 weights x bf16) ------------------------------------------
 
 struct WoCase {
@@ -913,6 +1239,35 @@ std::string host_check(const std::string& family, int kind) {
     const size_t ws = e->workspace_size(g);
     return ws ? "ok, workspace " + std::to_string(ws) + " B" : "ok";
   }
+  if (family == "grouped") {
+    const GroupedCase& c = kGrouped[kind];
+    const jax_gmma::KernelEntry* e = jax_gmma::find_kernel(c.config, DType::kF8E4M3, DType::kF8E4M3, c.d);
+    if (!e) return "not in this build";
+    const int64_t ng = static_cast<int64_t>(parse_sizes(c.sizes).size());
+    jax_gmma::GemmArgs g;
+    g.m = c.m, g.n = c.n, g.k = c.k;
+    g.a = g.b = g.d = dummy;
+    g.sm_count = 132;
+    if (c.bias) g.bias = dummy;
+    g.group_sizes = g.row_ids = static_cast<const int32_t*>(dummy);
+    g.groups = ng;
+    const GKind gk = grouped_kind(c.config);
+    if (gk == GKind::kBlock1d2d || gk == GKind::kBlock1d1d) {
+      g.a_block_scale = g.b_block_scale = static_cast<const float*>(dummy);
+      g.a_block_scale_ld = jax_gmma::block_scale_ld(c.m);
+      g.b_block_scale_ld = jax_gmma::block_scale_ld(gk == GKind::kBlock1d2d ? (c.n + 127) / 128 : c.n);
+    } else if (gk == GKind::kMx) {
+      g.a_sf = g.b_sf = dummy;
+    } else {
+      g.a_scale = g.b_scale = static_cast<const float*>(dummy);
+      g.a_scale_per_row = c.a_vec && c.m != 1;
+      g.b_scale_per_col = c.b_vec && c.n != 1;
+    }
+    if (const char* why = e->can_implement(g)) return std::string("can_implement: ") + why;
+    const size_t ws = e->workspace_size(g);
+    return "ok, slots " + std::to_string(std::min(ng, c.m) + 1) +
+           (ws ? ", workspace " + std::to_string(ws) + " B" : std::string());
+  }
   if (family == "weightonly") {
     const WoCase& c = kWeightonly[kind];
     jax_gmma::WoArgs a;
@@ -938,7 +1293,7 @@ std::string host_check(const std::string& family, int kind) {
   return "ok";  // quantize: no host-side check beyond the launch's own
 }
 
-const char* const kFamilies[] = {"quantize", "unpack", "weightonly", "mx", "blockwise", "tensorwise"};
+const char* const kFamilies[] = {"quantize", "unpack", "weightonly", "grouped", "mx", "blockwise", "tensorwise"};
 
 std::string json_escape(const std::string& s) {
   std::string o;
@@ -955,7 +1310,7 @@ void usage(FILE* f) {
                "usage: sanitize_driver [--family F[,F...]|all] [--quick] [--case SUBSTR] [--json FILE]\n"
                "                       [--list] [--seed N] [--device N] [--plant oob|race|uninit|sync]\n"
                "--list prints the selected cases and what the library's host-side checks say of each\n"
-               "families: quantize, unpack, weightonly, mx, blockwise, tensorwise\n");
+               "families: quantize, unpack, weightonly, grouped, mx, blockwise, tensorwise\n");
 }
 
 }  // namespace
@@ -1030,6 +1385,9 @@ int main(int argc, char** argv) {
       const int cnt = f == "tensorwise" ? std::size(kTensorwise) : f == "blockwise" ? std::size(kBlockwise) : std::size(kMx);
       for (int i = 0; i < cnt; ++i)
         if (want(tab[i].quick, gemm_name(tab[i]))) items.push_back({f, gemm_name(tab[i]), i});
+    } else if (f == "grouped") {
+      for (int i = 0; i < static_cast<int>(std::size(kGrouped)); ++i)
+        if (want(kGrouped[i].quick, grouped_name(kGrouped[i]))) items.push_back({f, grouped_name(kGrouped[i]), i});
     } else if (f == "weightonly") {
       for (int i = 0; i < static_cast<int>(std::size(kWeightonly)); ++i)
         if (want(kWeightonly[i].quick, wo_name(kWeightonly[i]))) items.push_back({f, wo_name(kWeightonly[i]), i});
@@ -1080,6 +1438,7 @@ int main(int argc, char** argv) {
       if (it.family == "tensorwise") o = run_gemm(Fam::kTensorwise, kTensorwise[it.kind], ctx);
       else if (it.family == "blockwise") o = run_gemm(Fam::kBlockwise, kBlockwise[it.kind], ctx);
       else if (it.family == "mx") o = run_gemm(Fam::kMx, kMx[it.kind], ctx);
+      else if (it.family == "grouped") o = run_grouped(kGrouped[it.kind], ctx);
       else if (it.family == "weightonly") o = run_weightonly(kWeightonly[it.kind], ctx);
       else if (it.family == "unpack") o = run_unpack(kUnpack[it.kind], ctx);
       else o = run_quantize(kQuantize[it.kind], ctx);

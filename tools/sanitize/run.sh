@@ -8,7 +8,8 @@
 # Options:
 #   --out DIR          output directory (default: bench_out/sanitize): sanitizer.md, sanitizer.json,
 #                      plain.log, logs/<tool>-<family>.{log,out,json}, build/sanitize_driver
-#   --families LIST    comma list of quantize,unpack,weightonly,mx,blockwise,tensorwise (default all)
+#   --families LIST    comma list of quantize,unpack,weightonly,grouped,mx,blockwise,tensorwise
+#                      (default all)
 #   --tools LIST       comma list of memcheck,racecheck,synccheck,initcheck (default all four)
 #   --quick            the driver's --quick subset (a few cases per family)
 #   --case SUBSTR      only the driver cases whose name contains SUBSTR
@@ -36,7 +37,7 @@ set -uo pipefail
 usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 
 OUT=bench_out/sanitize
-FAMILIES=quantize,unpack,weightonly,mx,blockwise,tensorwise
+FAMILIES=quantize,unpack,weightonly,grouped,mx,blockwise,tensorwise
 TOOLS=memcheck,racecheck,synccheck,initcheck
 QUICK=""
 CASE=""
