@@ -29,6 +29,7 @@
 // Also here: the FP4 unpack kernels of the prefill path (weightonly_unpack_run, the dispatcher
 // of all formats): the same per-lane decode (lane_scales + fp4_slice), written out as a plain
 // row-major bf16 or e4m3 matrix by wo_unpack_kernel (weightonly_common.cuh).
+#include <algorithm>
 #include <cstdint>
 #include <cstddef>
 
@@ -100,18 +101,17 @@ __device__ __forceinline__ void fp4_slice(uint32_t w, uint32_t f_lo, uint32_t f_
 #else
 #define JAX_GMMA_WO_BOUNDS(threads) __launch_bounds__(threads)
 #endif
+// One CTA tile: CTA column block `cta` (16 RS WR rows) x tokens tok0 .. tok0 + 8 NT - 1.
 template <int RS, int NT, int WK, int WR, WoScale S, typename OutT, int D>
-__global__ void JAX_GMMA_WO_BOUNDS(WK * WR * 32) wo_gemm_kernel(const WoParams p) {
+__device__ __forceinline__ void wo_gemm_tile(const WoParams& p, int cta, int64_t tok0) {
   static_assert(D % 2 == 0, "the activation double buffer is indexed by step parity");
   constexpr int kScaleBytes = S == WoScale::kNv16 ? 64 : 32;
-  constexpr int kCols = NT * 8;
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int64_t ksteps = p.k / 64;
-  const WarpPlace<RS, WK, WR> at(blockIdx.x, warp);
+  const WarpPlace<RS, WK, WR> at(cta, warp);
   const int64_t strip0 = at.strip0;
-  const int64_t tok0 = static_cast<int64_t>(blockIdx.y) * kCols;
   const int sc_off = scale_offset<S>(g, t);
   const uint8_t* wbase = p.w + strip0 * ksteps * kTileBytes + lane * 16;
   const uint8_t* sbase = p.s + strip0 * ksteps * kScaleBytes + sc_off;
@@ -161,6 +161,19 @@ __global__ void JAX_GMMA_WO_BOUNDS(WK * WR * 32) wo_gemm_kernel(const WoParams p
       [&](int64_t i, int slot) { load_w(i, wr[slot], sr[slot]); });
 
   reduce_store<RS, NT, WK, WR, OutT>(p, acc, at.cta_strip0, tok0);
+}
+
+template <int RS, int NT, int WK, int WR, WoScale S, typename OutT, int D>
+__global__ void JAX_GMMA_WO_BOUNDS(WK * WR * 32) wo_gemm_kernel(const WoParams p) {
+  wo_gemm_tile<RS, NT, WK, WR, S, OutT, D>(p, blockIdx.x, static_cast<int64_t>(blockIdx.y) * (NT * 8));
+}
+
+// The grouped kernel (mixture-of-experts; wo_grouped in weightonly_common.cuh).
+template <int RS, int NT, int WK, int WR, WoScale S, typename OutT, int D>
+__global__ void __launch_bounds__(WK * WR * 32) wo_grouped_kernel(const WoGroupedParams gp) {
+  wo_grouped<RS, NT, WK, WR, OutT>(gp, [](const WoParams& q, int64_t tok0) {
+    wo_gemm_tile<RS, NT, WK, WR, S, OutT, D>(q, blockIdx.x, tok0);
+  });
 }
 
 // The unpack kernel's view of an FP4 tile (see wo_unpack_kernel in weightonly_common.cuh).
@@ -220,7 +233,52 @@ cudaError_t dispatch_tile(const WoArgs& a, const WoCta& c, cudaStream_t stream) 
   });
 }
 
+template <WoScale S, typename OutT>
+cudaError_t dispatch_grouped(const WoArgs& a, const WoGroups& gr, const WoCta& c, cudaStream_t stream) {
+  return dispatch_grouped_shape(c, [&](auto rs, auto nt, auto wk, auto wr) {
+    constexpr int RS = decltype(rs)::value, NT = decltype(nt)::value;
+    constexpr int WK = decltype(wk)::value, WR = decltype(wr)::value;
+    return launch_grouped_tile<RS, NT, WK, WR>(a, gr, stream,
+                                               wo_grouped_kernel<RS, NT, WK, WR, S, OutT, JAX_GMMA_WO_DEPTH>);
+  });
+}
+
 }  // namespace
+
+WoCta weightonly_grouped_pick(int64_t m, int64_t n, int64_t k, int64_t groups, WoScale scale) {
+  // A first rule, not yet measured on grouped problems: the dense pick for the rows an expert
+  // slot averages and N times the slots (the CTAs in flight), restricted to kWoGroupedShapes.
+  const int64_t slots = std::max<int64_t>(std::min(groups, m), 1);
+  const int64_t per_expert = (m + slots - 1) / slots;
+  const WoCta dense = weightonly_pick(per_expert, n * slots, k, scale);
+  WoCta c;
+  c.rows = 16;
+  c.tokens = dense.tokens;
+  c.k_warps = dense.k_warps >= 8 ? 8 : 4;
+  return c;
+}
+
+const char* weightonly_grouped_check(const WoArgs& a, const WoGroups& g) {
+  if (a.rows_per_cta || a.tokens_per_cta || a.k_warps) return "the grouped kernel picks its CTA shape";
+  if (const char* why = weightonly_check(a)) return why;
+  if (!g.sizes || !g.row_ids || g.count < 1) return "the grouped kernel needs group sizes, row_ids and G >= 1";
+  if (g.count > 65534) return "G must be at most 65534";
+  if (!wo_grouped_shape(weightonly_grouped_pick(a.m, a.n, a.k, g.count, a.scale)))
+    return "no grouped kernel for the picked CTA shape";
+  return nullptr;
+}
+
+cudaError_t weightonly_grouped_run(const WoArgs& a, const WoGroups& g, cudaStream_t stream) {
+  if (weightonly_grouped_check(a, g)) return cudaErrorInvalidValue;
+  const WoCta c = weightonly_grouped_pick(a.m, a.n, a.k, g.count, a.scale);
+  if (a.scale == WoScale::kMx6E2M3 || a.scale == WoScale::kMx6E3M2)
+    return weightonly_fp6_grouped_run(a, g, c, stream);
+  if (a.scale == WoScale::kNv16)
+    return a.d_is_f32 ? dispatch_grouped<WoScale::kNv16, float>(a, g, c, stream)
+                      : dispatch_grouped<WoScale::kNv16, __nv_bfloat16>(a, g, c, stream);
+  return a.d_is_f32 ? dispatch_grouped<WoScale::kMx32, float>(a, g, c, stream)
+                    : dispatch_grouped<WoScale::kMx32, __nv_bfloat16>(a, g, c, stream);
+}
 
 WoCta weightonly_pick(int64_t m, int64_t n, int64_t k, WoScale scale) {
   // Measured on the H200, every shape of kWoCtaShapes at N x K = 28672 x 8192, 8192 x 8192,

@@ -148,17 +148,16 @@ __device__ __forceinline__ void fp6_slice(const uint32_t (&raw)[8], int m, uint3
   scale_slice(a, f_lo, f_hi);
 }
 
+// One CTA tile: CTA column block `cta` (16 RS WR rows) x tokens tok0 .. tok0 + 8 NT - 1.
 template <int RS, int NT, int WK, int WR, WoScale S, typename OutT, int D>
-__global__ void __launch_bounds__(WK * WR * 32) wo6_gemm_kernel(const WoParams p) {
+__device__ __forceinline__ void wo6_gemm_tile(const WoParams& p, int cta, int64_t tok0) {
   static_assert(D % 2 == 0, "the activation double buffer is indexed by step parity");
-  constexpr int kCols = NT * 8;
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int64_t ksteps = p.k / 64;
-  const WarpPlace<RS, WK, WR> at(blockIdx.x, warp);
+  const WarpPlace<RS, WK, WR> at(cta, warp);
   const int64_t strip0 = at.strip0;
-  const int64_t tok0 = static_cast<int64_t>(blockIdx.y) * kCols;
   const int sc_off = (8 * (t >> 1) + g) * 2;
   const uint8_t* wbase = p.w + strip0 * ksteps * kTileBytes + lane * 16;
   const uint8_t* wbase2 = p.w + strip0 * ksteps * kTileBytes + 512 + lane * 8;
@@ -214,6 +213,19 @@ __global__ void __launch_bounds__(WK * WR * 32) wo6_gemm_kernel(const WoParams p
   reduce_store<RS, NT, WK, WR, OutT>(p, acc, at.cta_strip0, tok0);
 }
 
+template <int RS, int NT, int WK, int WR, WoScale S, typename OutT, int D>
+__global__ void __launch_bounds__(WK * WR * 32) wo6_gemm_kernel(const WoParams p) {
+  wo6_gemm_tile<RS, NT, WK, WR, S, OutT, D>(p, blockIdx.x, static_cast<int64_t>(blockIdx.y) * (NT * 8));
+}
+
+// The grouped kernel (mixture-of-experts; wo_grouped in weightonly_common.cuh).
+template <int RS, int NT, int WK, int WR, WoScale S, typename OutT, int D>
+__global__ void __launch_bounds__(WK * WR * 32) wo6_grouped_kernel(const WoGroupedParams gp) {
+  wo_grouped<RS, NT, WK, WR, OutT>(gp, [](const WoParams& q, int64_t tok0) {
+    wo6_gemm_tile<RS, NT, WK, WR, S, OutT, D>(q, blockIdx.x, tok0);
+  });
+}
+
 // The unpack kernel's view of an FP6 tile (see wo_unpack_kernel in weightonly_common.cuh).
 template <WoScale S>
 struct Fp6Tile {
@@ -266,12 +278,35 @@ cudaError_t dispatch_out(const WoArgs& a, const WoCta& c, cudaStream_t stream) {
                     : dispatch_tile<S, __nv_bfloat16>(a, c, stream);
 }
 
+template <WoScale S, typename OutT>
+cudaError_t dispatch_grouped(const WoArgs& a, const WoGroups& gr, const WoCta& c, cudaStream_t stream) {
+  return dispatch_grouped_shape(c, [&](auto rs, auto nt, auto wk, auto wr) {
+    constexpr int RS = decltype(rs)::value, NT = decltype(nt)::value;
+    constexpr int WK = decltype(wk)::value, WR = decltype(wr)::value;
+    return launch_grouped_tile<RS, NT, WK, WR>(a, gr, stream,
+                                               wo6_grouped_kernel<RS, NT, WK, WR, S, OutT, JAX_GMMA_WO6_DEPTH>);
+  });
+}
+
+template <WoScale S>
+cudaError_t dispatch_grouped_out(const WoArgs& a, const WoGroups& gr, const WoCta& c, cudaStream_t stream) {
+  return a.d_is_f32 ? dispatch_grouped<S, float>(a, gr, c, stream)
+                    : dispatch_grouped<S, __nv_bfloat16>(a, gr, c, stream);
+}
+
 }  // namespace fp6
 }  // namespace
 
 cudaError_t weightonly_fp6_unpack_run(const WoUnpackArgs& a, cudaStream_t stream) {
   if (a.scale == WoScale::kMx6E2M3) return wo_detail::launch_unpack<fp6::Fp6Tile<WoScale::kMx6E2M3>>(a, stream);
   if (a.scale == WoScale::kMx6E3M2) return wo_detail::launch_unpack<fp6::Fp6Tile<WoScale::kMx6E3M2>>(a, stream);
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t weightonly_fp6_grouped_run(const WoArgs& a, const WoGroups& g, const WoCta& c,
+                                       cudaStream_t stream) {
+  if (a.scale == WoScale::kMx6E2M3) return fp6::dispatch_grouped_out<WoScale::kMx6E2M3>(a, g, c, stream);
+  if (a.scale == WoScale::kMx6E3M2) return fp6::dispatch_grouped_out<WoScale::kMx6E3M2>(a, g, c, stream);
   return cudaErrorInvalidValue;
 }
 

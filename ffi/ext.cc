@@ -6,6 +6,7 @@
 //                       get_workspace_size, host only, at trace time
 //   check_blockwise(...) -> the same for the block-scaled family ("blockwise_*" kernels)
 //   check_blockscaled(...) -> the same for the MX / NVFP4 family ("sm100_*"/"sm120_*", "sm90_mxf8_*")
+//   check_grouped(...) -> the same for the grouped family ("grouped_*": ragged_dot's kernels)
 //   prepare(device)  -> one-time per-device kernel setup, outside any stream capture
 //   built_archs(), cuda_built()
 #include <nanobind/nanobind.h>
@@ -27,6 +28,7 @@ extern "C" void* jax_gmma_weightonly_gemm_handler();
 extern "C" void* jax_gmma_weightonly_unpack_handler();
 extern "C" void* jax_gmma_fp8_quantize_handler();
 extern "C" void* jax_gmma_fp8_grouped_gemm_handler();
+extern "C" void* jax_gmma_weightonly_grouped_gemm_handler();
 extern "C" void jax_gmma_capture_stats(uint64_t* captured, uint64_t* eager);
 extern "C" void jax_gmma_host_stats(uint64_t* calls, uint64_t* ns);
 #endif
@@ -88,6 +90,7 @@ NB_MODULE(_gmma_ext, m) {
     d["jax_gmma_weightonly_unpack"] = nb::capsule(jax_gmma_weightonly_unpack_handler());
     d["jax_gmma_fp8_quantize"] = nb::capsule(jax_gmma_fp8_quantize_handler());
     d["jax_gmma_fp8_grouped_gemm"] = nb::capsule(jax_gmma_fp8_grouped_gemm_handler());
+    d["jax_gmma_weightonly_grouped_gemm"] = nb::capsule(jax_gmma_weightonly_grouped_gemm_handler());
 #endif
     return d;
   });
@@ -153,6 +156,36 @@ NB_MODULE(_gmma_ext, m) {
       nb::arg("config"), nb::arg("a"), nb::arg("b"), nb::arg("d"), nb::arg("m"), nb::arg("n"),
       nb::arg("k"), nb::arg("splits"), nb::arg("sm_count"), nb::arg("a_vec"), nb::arg("b_vec"),
       nb::arg("has_bias"), nb::arg("swizzle") = 1, nb::arg("raster") = 0);
+
+  // Grouped family: can_implement + workspace size for a "grouped_*" kernel (G experts of
+  // (N, K), M rows of tokens), host only, at trace time; the group sizes are never needed.
+  m.def(
+      "check_grouped",
+      [](const std::string& config, const std::string& a, const std::string& b, const std::string& d,
+         int64_t mm, int64_t n, int64_t k, int64_t groups, int sm_count,
+         bool has_bias) -> std::pair<std::optional<std::string>, int64_t> {
+#if defined(JAX_GMMA_WITH_CUDA)
+        static const int32_t dummy_index = 0;
+        jax_gmma::GemmArgs g;
+        g.m = mm; g.n = n; g.k = k;
+        g.sm_count = sm_count;
+        g.groups = groups;
+        g.group_sizes = g.row_ids = &dummy_index;
+        const bool d2 = config.rfind("grouped_blockwise_1d2d_", 0) == 0;
+        g.a_block_scale_ld = jax_gmma::block_scale_ld(mm);
+        g.b_block_scale_ld = jax_gmma::block_scale_ld(d2 ? (n + 127) / 128 : n);
+        g.a_block_scale = g.b_block_scale = g.a_scale = g.b_scale = &dummy_scale;
+        g.a_sf = g.b_sf = &dummy_scale;
+        g.bias = has_bias ? &dummy_scale : nullptr;
+        return check_kernel(config, a, b, d, g);
+#else
+        (void)config; (void)a; (void)b; (void)d; (void)mm; (void)n; (void)k; (void)groups;
+        (void)sm_count; (void)has_bias;
+        return {std::string("jax_gmma was built without CUDA kernels"), 0};
+#endif
+      },
+      nb::arg("config"), nb::arg("a"), nb::arg("b"), nb::arg("d"), nb::arg("m"), nb::arg("n"),
+      nb::arg("k"), nb::arg("groups"), nb::arg("sm_count"), nb::arg("has_bias"));
 
   // Block-scaled family: can_implement + workspace size for a "blockwise_<variant>_<cfg>"
   // kernel, host only, at trace time. Scale leading dimensions follow gemm_api.h's rule.

@@ -1,5 +1,6 @@
-// XLA FFI handler of the grouped (mixture-of-experts) FP8 GEMM family
-// (cpp/sm90_fp8_gemm_grouped_stream.cu, "grouped_*" configs), target "jax_gmma_fp8_grouped_gemm"
+// XLA FFI handler of the grouped (mixture-of-experts) FP8 GEMM families (the weight-streaming
+// kernels of cpp/sm90_fp8_gemm_grouped_stream.cu and the CUTLASS prefill kernels of
+// cpp/sm90_fp8_gemm_grouped_blockwise.cu, "grouped_*" configs), target "jax_gmma_fp8_grouped_gemm"
 // (typed FFI, CUDA platform): jax_gmma.ragged_dot's kernel. Graph safety: the execute path of
 // the other GEMM handlers (ffi_common::launch; rules in ffi/graph_safety.h); the group sizes and
 // the row offset are read by the kernel, never by the host.
@@ -29,11 +30,14 @@ Scales scales_of(std::string_view config) {
 //     mx_sf_bytes(M, K, 32) and G * mx_sf_bytes(N, K, 32) bytes;
 //   grouped_fp8: a_scales f32 (M,) or (1,), b_scales f32 (G, N) or (G,);
 // bias (G, N) in the output dtype (read only when has_bias); group_sizes (G,) int32; row_ids
-// (M,) int32 (row_ids[0]: the global index of row 0). Result: d (M, N) bfloat16 or float32.
+// (M,) int32 (row_ids[0]: the global index of row 0). Results: d (M, N) bfloat16 or float32,
+// and the workspace u8 (the per-expert arguments of the prefill kernels, written on the device
+// by their setup kernel; unused by the streaming ones).
 ffi::Error Fp8GroupedGemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
                               ffi::AnyBuffer a_scales, ffi::AnyBuffer b_scales, ffi::AnyBuffer bias,
                               ffi::AnyBuffer group_sizes, ffi::AnyBuffer row_ids,
-                              ffi::Result<ffi::AnyBuffer> d, std::string_view config, bool has_bias) {
+                              ffi::Result<ffi::AnyBuffer> d, ffi::Result<ffi::AnyBuffer> workspace,
+                              std::string_view config, int32_t sm_count, bool has_bias) {
   HostTimer timer;
   auto bad = [](std::string_view msg) { return fail("jax_gmma_fp8_grouped_gemm", msg); };
   // Cheap structural checks: the Python shape rules already enforce these at trace time.
@@ -109,6 +113,9 @@ ffi::Error Fp8GroupedGemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuf
   g.group_sizes = static_cast<const int32_t*>(group_sizes.untyped_data());
   g.row_ids = static_cast<const int32_t*>(row_ids.untyped_data());
   g.groups = groups;
+  g.workspace = workspace->untyped_data();
+  g.workspace_bytes = workspace->size_bytes();
+  g.sm_count = sm_count;
   return launch(entry, g, stream);
 }
 
@@ -126,7 +133,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxGmmaFp8GroupedGemm, jax_gmma::Fp8GroupedGemmImp
                                   .Arg<ffi::AnyBuffer>()  // group_sizes (G,) int32
                                   .Arg<ffi::AnyBuffer>()  // row_ids (M,) int32
                                   .Ret<ffi::AnyBuffer>()  // d (M, N)
+                                  .Ret<ffi::AnyBuffer>()  // workspace u8
                                   .Attr<std::string_view>("config")
+                                  .Attr<int32_t>("sm_count")
                                   .Attr<bool>("has_bias"),
                               JAX_GMMA_GRAPH_SAFE_TRAITS);
 

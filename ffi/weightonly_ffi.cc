@@ -1,6 +1,8 @@
 // XLA FFI handlers of the sm90 FP4 / FP6 weight-only GEMM (cpp/sm90_fp4_gemm_weightonly.cu,
-// cpp/sm90_fp6_gemm_weightonly.cu) and of the weight unpack kernel of the prefill path (same
-// files): jax_gmma_weightonly_gemm and jax_gmma_weightonly_unpack.
+// cpp/sm90_fp6_gemm_weightonly.cu), of its grouped (mixture-of-experts) form and of the weight
+// unpack kernel of the prefill path (same files): jax_gmma_weightonly_gemm,
+// jax_gmma_weightonly_grouped_gemm and jax_gmma_weightonly_unpack. The grouped form reads the
+// group sizes on the device only.
 //
 // Graph safety (the rules of ffi/graph_safety.h): the stream comes from the platform context and
 // is only asked whether it is capturing; the execute path enqueues one kernel launch (static
@@ -16,6 +18,7 @@ using namespace ffi_common;
 
 ffi::Error bad(std::string_view msg) { return fail("jax_gmma_weightonly_gemm", msg); }
 ffi::Error bad_unpack(std::string_view msg) { return fail("jax_gmma_weightonly_unpack", msg); }
+ffi::Error bad_grouped(std::string_view msg) { return fail("jax_gmma_weightonly_grouped_gemm", msg); }
 
 // The prepared weight both handlers take: uint8 codes and scale codes of an (N, K) weight
 // (K the padded K) in format scale_kind. nullptr when they match, else the reason.
@@ -82,6 +85,78 @@ ffi::Error WeightOnlyGemmImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuf
   if (!jax_gmma_note_execution(stream)) return ffi::Error::Internal("cudaStreamIsCapturing failed");
   if (cudaError_t err = weightonly_run(a, stream); err != cudaSuccess)
     return cuda_fail("jax_gmma: weight-only GEMM launch failed", err);
+  return ffi::Error::Success();
+#endif
+}
+
+// Operands: x (M, Kp) bf16 tokens sorted by expert, x_scale f32 (M,) (ignored unless
+// has_x_scale), w_packed u8 and w_scales u8 (G experts' prepared layouts back to back), w_global
+// f32 (G,) or (G, 1), bias (G, N) in the output dtype (ignored unless has_bias), group_sizes s32
+// (G,), row_ids s32 (M,). Result: d (M, N) bf16 or f32.
+ffi::Error WeightOnlyGroupedGemmImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer x_scale,
+                                     ffi::AnyBuffer w_packed, ffi::AnyBuffer w_scales,
+                                     ffi::AnyBuffer w_global, ffi::AnyBuffer bias,
+                                     ffi::AnyBuffer group_sizes, ffi::AnyBuffer row_ids,
+                                     ffi::Result<ffi::AnyBuffer> d, int32_t scale_kind,
+                                     bool has_x_scale, bool has_bias) {
+  HostTimer timer;
+  auto xd = x.dimensions();
+  auto dd = d->dimensions();
+  if (xd.size() != 2 || dd.size() != 2) return bad_grouped("x and d must be 2-D");
+  if (x.element_type() != ffi::DataType::BF16) return bad_grouped("x must be bfloat16");
+  const int64_t m = xd[0], k = xd[1], n = dd[1];
+  const int64_t groups = group_sizes.element_count();
+  if (dd[0] != m) return bad_grouped("shape mismatch");
+  const bool f32 = d->element_type() == ffi::DataType::F32;
+  if (!f32 && d->element_type() != ffi::DataType::BF16) return bad_grouped("d must be bfloat16 or float32");
+  if (group_sizes.element_type() != ffi::DataType::S32 || groups < 1)
+    return bad_grouped("group_sizes must be (G,) int32, G >= 1");
+  if (row_ids.element_type() != ffi::DataType::S32 || static_cast<int64_t>(row_ids.element_count()) != m)
+    return bad_grouped("row_ids must be (M,) int32");
+  if (w_packed.element_type() != ffi::DataType::U8 || w_scales.element_type() != ffi::DataType::U8)
+    return bad_grouped("w_packed and w_scales must be uint8");
+  if (scale_kind < 0 || scale_kind > static_cast<int32_t>(WoScale::kMx6E3M2))
+    return bad_grouped("scale_kind must be 0 (nvfp4), 1 (mxfp4), 2 (mxfp6_e2m3) or 3 (mxfp6_e3m2)");
+  const WoScale sk = static_cast<WoScale>(scale_kind);
+  if (static_cast<int64_t>(w_packed.size_bytes()) != groups * (n / 16) * (k / 64) * weightonly_tile_bytes(sk) ||
+      static_cast<int64_t>(w_scales.size_bytes()) != groups * (n / 16) * (k / 64) * weightonly_scale_bytes(sk))
+    return bad_grouped("prepared weight sizes do not match G experts of (N, K)");
+  if (w_global.element_type() != ffi::DataType::F32 || static_cast<int64_t>(w_global.element_count()) != groups)
+    return bad_grouped("w_global must be float32, one per expert");
+  if (has_x_scale && (x_scale.element_type() != ffi::DataType::F32 ||
+                      static_cast<int64_t>(x_scale.element_count()) != m))
+    return bad_grouped("x_scale must be float32 (M,)");
+  if (has_bias && (bias.element_type() != d->element_type() ||
+                   static_cast<int64_t>(bias.element_count()) != groups * n))
+    return bad_grouped("bias must be (G, N) in the output dtype");
+
+  WoArgs a;
+  a.m = m;
+  a.n = n;
+  a.k = k;
+  a.x = x.untyped_data();
+  a.x_scale = has_x_scale ? static_cast<const float*>(x_scale.untyped_data()) : nullptr;
+  a.w_packed = w_packed.untyped_data();
+  a.w_scales = w_scales.untyped_data();
+  a.w_global = static_cast<const float*>(w_global.untyped_data());
+  a.bias = has_bias ? bias.untyped_data() : nullptr;
+  a.d = d->untyped_data();
+  a.d_is_f32 = f32;
+  a.scale = sk;
+  WoGroups g;
+  g.sizes = static_cast<const int32_t*>(group_sizes.untyped_data());
+  g.row_ids = static_cast<const int32_t*>(row_ids.untyped_data());
+  g.count = groups;
+#if !defined(JAX_GMMA_HAVE_SM90)
+  (void)stream;
+  (void)g;
+  return bad_grouped(kNoSm90);
+#else
+  if (const char* why = weightonly_grouped_check(a, g)) return bad_grouped(why);
+
+  if (!jax_gmma_note_execution(stream)) return ffi::Error::Internal("cudaStreamIsCapturing failed");
+  if (cudaError_t err = weightonly_grouped_run(a, g, stream); err != cudaSuccess)
+    return cuda_fail("jax_gmma: grouped weight-only GEMM launch failed", err);
   return ffi::Error::Success();
 #endif
 }
@@ -162,3 +237,22 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxGmmaWeightOnlyUnpack, jax_gmma::WeightOnlyUnpac
                               JAX_GMMA_GRAPH_SAFE_TRAITS);
 
 JAX_GMMA_EXPORT_HANDLER(jax_gmma_weightonly_unpack_handler, JaxGmmaWeightOnlyUnpack)
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxGmmaWeightOnlyGroupedGemm, jax_gmma::WeightOnlyGroupedGemmImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()  // x
+                                  .Arg<ffi::AnyBuffer>()  // x_scale
+                                  .Arg<ffi::AnyBuffer>()  // w_packed (G experts)
+                                  .Arg<ffi::AnyBuffer>()  // w_scales
+                                  .Arg<ffi::AnyBuffer>()  // w_global (G,)
+                                  .Arg<ffi::AnyBuffer>()  // bias (G, N)
+                                  .Arg<ffi::AnyBuffer>()  // group_sizes (G,) int32
+                                  .Arg<ffi::AnyBuffer>()  // row_ids (M,) int32
+                                  .Ret<ffi::AnyBuffer>()  // d
+                                  .Attr<int32_t>("scale_kind")
+                                  .Attr<bool>("has_x_scale")
+                                  .Attr<bool>("has_bias"),
+                              JAX_GMMA_GRAPH_SAFE_TRAITS);
+
+JAX_GMMA_EXPORT_HANDLER(jax_gmma_weightonly_grouped_gemm_handler, JaxGmmaWeightOnlyGroupedGemm)

@@ -49,10 +49,10 @@ def quantize_path(devs) -> str:
 
 
 def grouped_path(devs) -> str:
-  """How ``ragged_dot`` (the grouped GEMM of mixture-of-experts layers) runs here: for FP8
-  experts the grouped weight-streaming kernel on Hopper with the library built (target
-  ``jax_gmma_fp8_grouped_gemm``), else the pure-JAX reference (an error on a CUDA GPU without the
-  kernel, unless opted in); FP4 / FP6 experts always take the reference."""
+  """How ``ragged_dot`` (the grouped GEMM of mixture-of-experts layers) runs here: the grouped
+  weight-streaming kernels on Hopper with the library built (targets
+  ``jax_gmma_fp8_grouped_gemm``, ``jax_gmma_weightonly_grouped_gemm``), else the pure-JAX
+  reference (an error on a CUDA GPU without the kernels, unless opted in)."""
   if not devs:
     return "pure-JAX reference (no CUDA GPU)"
   try:
@@ -61,12 +61,15 @@ def grouped_path(devs) -> str:
     return f"ERROR at trace time unless the reference is allowed: {err}"
   if dev is None:
     return "pure-JAX reference (opted in)"
-  target = _backend.FP8_GROUPED_GEMM_TARGET
-  if target not in _registrations():
-    return f"ERROR: the built library has no {target} handler (an older library); rebuild it"
-  return (f"CUDA kernel for {' / '.join(grouped_configs.KINDS)} experts (sm90a weight streaming, "
-          f"XLA FFI {target}, configs {', '.join(grouped_configs.CONFIGS)}); FP4 / FP6 experts: "
-          "ERROR at trace time unless the reference is allowed")
+  target, wo = _backend.FP8_GROUPED_GEMM_TARGET, _backend.WEIGHTONLY_GROUPED_GEMM_TARGET
+  for t in (target, wo):
+    if t not in _registrations():
+      return f"ERROR: the built library has no {t} handler (an older library); rebuild it"
+  return (f"CUDA kernels (sm90a): {' / '.join(grouped_configs.KINDS)} experts weight streaming "
+          f"(XLA FFI {target}, configs {', '.join(grouped_configs.CONFIGS)}), block-scaled ones "
+          f"from {grouped_configs.PREFILL_MIN_ROWS} rows per expert on CUTLASS's grouped GEMM "
+          f"({', '.join(grouped_configs.PREFILL_CONFIGS)}); "
+          f"{' / '.join(grouped_configs.WEIGHTONLY_FORMATS)} experts weight streaming (XLA FFI {wo})")
 
 
 def _registrations() -> dict:

@@ -1,6 +1,7 @@
 """Child process for test_gpu_grouped.test_command_buffers: a jitted chain of 16 dependent
 mixture-of-experts layers (routing computed on the device, group sizes never on the host,
-jax_gmma.ragged_dot on block-scaled, MXFP8 and per-channel FP8 experts) and prints a JSON line:
+jax_gmma.ragged_dot on block-scaled, MXFP8, per-channel FP8 and MXFP4 experts) and prints a
+JSON line:
 the result hash and how many handler executions were under stream capture."""
 
 import jax
@@ -19,7 +20,8 @@ def main():
   router = jax.random.normal(kr, (D, G), jnp.float32)
   w = jax.random.normal(kw, (G, D, D), jnp.float32) / np.sqrt(D)
   experts = [jax_gmma.quantize(w, "fp8_128x128"), jax_gmma.quantize(w, "mxfp8"),
-             jax_gmma.quantize(w, "fp8_channel")]
+             jax_gmma.quantize(w, "fp8_channel"),
+             jax.vmap(lambda e: jax_gmma.weightonly.prepare(e, "mxfp4"))(w)]
   x0 = jax.random.normal(kx, (M, D), jnp.bfloat16)
 
   @jax.jit
@@ -31,7 +33,7 @@ def main():
       order = jnp.argsort(flat, stable=True)
       sizes = jnp.bincount(flat, length=G).astype(jnp.int32)
       rows = jnp.repeat(x, TOP, axis=0)[order]
-      y = jax_gmma.ragged_dot(rows, experts[i % 3], sizes)
+      y = jax_gmma.ragged_dot(rows, experts[i % 4], sizes)
       y = jnp.zeros_like(y).at[order].set(y).reshape(M, TOP, D)
       x = (jnp.sum(y.astype(jnp.float32) * jax.nn.softmax(top)[..., None], axis=1)).astype(jnp.bfloat16)
     return x

@@ -1,5 +1,8 @@
-"""GPU tests of the grouped (mixture-of-experts) FP8 kernels behind jax_gmma.ragged_dot
-(cpp/sm90_fp8_gemm_grouped_stream.cu; skipped without a Hopper GPU and built kernels).
+"""GPU tests of the grouped (mixture-of-experts) kernels behind jax_gmma.ragged_dot: FP8 experts
+(cpp/sm90_fp8_gemm_grouped_stream.cu, and the CUTLASS prefill kernels of
+cpp/sm90_fp8_gemm_grouped_blockwise.cu) and FP4 / FP6 experts (the grouped weight-only kernel of
+cpp/sm90_fp4_gemm_weightonly.cu / cpp/sm90_fp6_gemm_weightonly.cu); skipped without a Hopper GPU
+and built kernels.
 
 Oracle: the float64 product of the dequantized operands on the host, per expert over its rows
 (relative Frobenius error over the rows the experts hold), the rows past the groups' total
@@ -27,10 +30,23 @@ def _rng():
   return np.random.default_rng(7000 + _seed[0])
 
 
+PACKED = ("nvfp4", "mxfp4", "mxfp6_e2m3", "mxfp6_e3m2")
+
+
 def _weights(fmt, w):
   if fmt == "fp8_tensor":  # one scale per expert
     return jax.vmap(lambda e: jax_gmma.quantize(e, fmt))(w)
+  if fmt in PACKED:
+    return jax.vmap(lambda e: jax_gmma.weightonly.prepare(e, fmt))(w)
   return jax_gmma.quantize(w, fmt)
+
+
+def _x(fmt, x, x_format):
+  """x as the case passes it: bfloat16 for PackedWeight experts (or an FP8 QuantizedArray with
+  x_format), else a QuantizedArray of the format x is quantized to."""
+  if fmt in PACKED:
+    return jax_gmma.quantize(jnp.asarray(x), x_format) if x_format else jnp.asarray(x, jnp.bfloat16)
+  return jax_gmma.quantize(jnp.asarray(x), x_format or grouped.X_FORMATS[fmt][0])
 
 
 def _ref64(xq, wq, sizes, bias):
@@ -52,12 +68,13 @@ def run_case(fmt, m, n, k, sizes, *, out_dtype=jnp.bfloat16, bias=False, config=
   x = rng.standard_normal((m, k)).astype(np.float32)
   b = rng.standard_normal((g, n)).astype(np.float32) if bias else None
   wq = _weights(fmt, jnp.asarray(w))
-  xq = jax_gmma.quantize(jnp.asarray(x), x_format or grouped.X_FORMATS[fmt][0])
+  xq = _x(fmt, x, x_format)
   if config is not None:
     monkeypatch.setattr(gc, "select_config", lambda problem, sm_count: config)
   f = jax.jit(lambda xq, wq, s, b: jax_gmma.ragged_dot(xq, wq, s, bias=b, out_dtype=out_dtype))
   s = jnp.asarray(sizes, jnp.int32)
-  assert "jax_gmma_fp8_grouped_gemm" in f.lower(xq, wq, s, b).as_text()
+  target = "jax_gmma_weightonly_grouped_gemm" if fmt in PACKED else "jax_gmma_fp8_grouped_gemm"
+  assert target in f.lower(xq, wq, s, b).as_text()
   y = np.asarray(f(xq, wq, s, b).astype(jnp.float32), np.float64)
   if b is not None:  # the bias is rounded to the output dtype first
     b = np.asarray(jnp.asarray(b).astype(out_dtype).astype(jnp.float32), np.float64)
@@ -72,6 +89,7 @@ def run_case(fmt, m, n, k, sizes, *, out_dtype=jnp.bfloat16, bias=False, config=
 
 
 FORMATS = ("fp8_128x128", "fp8_1x128", "mxfp8", "fp8_channel", "fp8_tensor")
+ALL = FORMATS + PACKED
 
 
 @pytest.mark.parametrize("config", sorted(gc.CONFIGS))
@@ -83,10 +101,42 @@ def test_every_config(fmt, config, monkeypatch):
   run_case(fmt, 61, 200, k, (5, 0, 33, 1, 9), config=f"{config}", monkeypatch=monkeypatch)
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("config", sorted(gc.PREFILL_CONFIGS))
+@pytest.mark.parametrize("fmt", ("fp8_128x128", "fp8_1x128"))
+@pytest.mark.parametrize("bias", (False, True))
+def test_prefill_configs(fmt, config, bias, monkeypatch):
+  # experts over several tiles and partial ones, an empty expert, rows past the total; N off
+  # the 128-column tile
+  run_case(fmt, 700, 200, 512, (301, 0, 250, 99), config=config, bias=bias, monkeypatch=monkeypatch)
+  run_case(fmt, 700, 200, 512, (301, 0, 250, 99), config=config, bias=bias, out_dtype=jnp.float32,
+           monkeypatch=monkeypatch)
+
+
+def test_prefill_picked_for_many_tokens():
+  rng = _rng()
+  wq = jax_gmma.quantize(jnp.asarray(rng.standard_normal((4, 256, 512)), jnp.float32), "fp8_128x128")
+  x = jnp.asarray(rng.standard_normal((2048, 512)), jnp.bfloat16)
+  s = jnp.asarray([512] * 4, jnp.int32)
+  text = jax.jit(lambda x: jax_gmma.ragged_dot(x, wq, s)).lower(x).as_text()
+  assert "grouped_blockwise_1d2d_128x128x128_coop" in text
+
+
+@pytest.mark.parametrize("fmt", ALL)
 @pytest.mark.parametrize("out_dtype", (jnp.bfloat16, jnp.float16, jnp.float32))
 def test_out_dtypes_and_bias(fmt, out_dtype):
-  run_case(fmt, 24, 136, 512, (3, 8, 0, 13), out_dtype=out_dtype, bias=True)
+  run_case(fmt, 24, 144 if fmt in PACKED else 136, 512, (3, 8, 0, 13), out_dtype=out_dtype, bias=True)
+
+
+@pytest.mark.parametrize("fmt", PACKED)
+@pytest.mark.parametrize("m", (5, 61, 300))
+def test_packed_experts(fmt, m):
+  # K off the 64-K tile (padded), an empty expert, experts over several token tiles
+  run_case(fmt, m, 208, 400, (m // 4, 0, m // 2, m // 8))
+
+
+@pytest.mark.parametrize("x_format", ("fp8_channel", "fp8_tensor"))
+def test_packed_experts_fp8_x(x_format):
+  run_case("mxfp4", 33, 96, 256, (10, 0, 20), x_format=x_format)
 
 
 @pytest.mark.parametrize("sizes", ((0, 0, 0, 0), (40, 0, 0, 0), (0, 0, 0, 40), (30, 30, 0, 0),
@@ -96,23 +146,24 @@ def test_group_size_edges(sizes):
   run_case("fp8_128x128", 40, 256, 384, sizes)
 
 
-def test_decode_shapes_many_experts():
+@pytest.mark.parametrize("fmt", ("fp8_128x128", "mxfp8", "mxfp4", "nvfp4"))
+def test_decode_shapes_many_experts(fmt):
   # 8 tokens x top-8 over 64 experts (most empty), DeepSeek-V3-like widths
   sizes = np.zeros(64, np.int64)
   sizes[np.random.default_rng(3).choice(64, 16, replace=False)] = 4
-  run_case("fp8_128x128", 64, 1024, 1024, tuple(int(s) for s in sizes))
-  run_case("mxfp8", 64, 1024, 1024, tuple(int(s) for s in sizes))
+  run_case(fmt, 64, 1024, 1024, tuple(int(s) for s in sizes))
 
 
 def test_prefill_sized_expert():
   run_case("fp8_128x128", 1100, 256, 512, (700, 0, 400))
 
 
-def test_negative_group_size_gives_nan():
+@pytest.mark.parametrize("fmt", ("fp8_128x128", "mxfp4"))
+def test_negative_group_size_gives_nan(fmt):
   rng = _rng()
   w = jnp.asarray(rng.standard_normal((3, 64, 256)), jnp.float32)
-  xq = jax_gmma.quantize(jnp.asarray(rng.standard_normal((16, 256)), jnp.float32), "fp8_1x128")
-  y = jax_gmma.ragged_dot(xq, jax_gmma.quantize(w, "fp8_128x128"), jnp.asarray([8, -2, 6], jnp.int32))
+  x = _x(fmt, rng.standard_normal((16, 256)).astype(np.float32), None)
+  y = jax_gmma.ragged_dot(x, _weights(fmt, w), jnp.asarray([8, -2, 6], jnp.int32))
   assert np.isnan(np.asarray(y.astype(jnp.float32))).all()
 
 

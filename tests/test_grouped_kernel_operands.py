@@ -120,15 +120,44 @@ def test_swizzled_mx_operands_pass_through():
     np.testing.assert_array_equal(np.asarray(r).view(np.uint8), np.asarray(s).view(np.uint8))
 
 
+@pytest.mark.parametrize("fmt", ("nvfp4", "mxfp4", "mxfp6_e2m3", "mxfp6_e3m2"))
+def test_packed_experts_back_to_back(fmt):
+  """The grouped weight-only kernel takes G experts' prepared layouts back to back, each that of
+  one (N, K) weight (what jax_gmma.weightonly.prepare gives), and x in bfloat16 padded to Kp."""
+  rng = np.random.default_rng(5)
+  w = jnp.asarray(rng.standard_normal((G, 48, K)), jnp.float32)
+  wp = jax.vmap(lambda e: jax_gmma.weightonly.prepare(e, fmt))(w)
+  for e in range(G):
+    one = jax_gmma.weightonly.prepare(w[e], fmt)
+    for name in ("packed", "scales", "global_scale"):
+      np.testing.assert_array_equal(np.asarray(getattr(wp, name)[e]), np.asarray(getattr(one, name)))
+  x = jnp.asarray(rng.standard_normal((M, K)), jnp.float32)
+  x2, xs, has_xs, wg = grouped.packed_operands(x, wp)
+  kp = wp.packed.shape[2] * 64
+  assert x2.dtype == jnp.bfloat16 and x2.shape == (M, kp) and not has_xs and wg.shape == (G,)
+  np.testing.assert_array_equal(np.asarray(x2[:, :K]), np.asarray(x.astype(jnp.bfloat16)))
+  assert not np.asarray(x2[:, K:], np.float32).any()
+  xq = jax_gmma.quantize(x, "fp8_channel")
+  x2, xs, has_xs, _ = grouped.packed_operands(xq, wp)
+  assert has_xs and xs.shape == (M,)
+  np.testing.assert_array_equal(np.asarray(x2[:, :K].astype(jnp.float32)) * np.asarray(xs)[:, None],
+                                np.asarray(xq.dequantize(), np.float32))
+
+
 def test_config_rule():
-  p = lambda m, n, g: gc.GroupedProblem(m=m, n=n, k=2048, g=g, fmt="fp8_128x128")
+  p = lambda m, n, g, fmt="fp8_128x128": gc.GroupedProblem(m=m, n=n, k=2048, g=g, fmt=fmt)
   assert gc.select_config(p(8, 4096, 256), 132) == "stream_16x8_kw4"      # 8 slots x 256 strips
   assert gc.select_config(p(1, 1536, 128), 132) == "stream_16x8_kw8"      # 1 slot x 96 strips
-  assert gc.select_config(p(4096, 4096, 8), 132) == "stream_16x16_kw4"    # 512 rows per expert
+  assert gc.select_config(p(4096, 4096, 8), 132) == "128x128x128_coop"    # 512 rows per expert
+  assert gc.select_config(p(1024, 4096, 8), 132) == "64x128x128_pingpong"  # 128 rows per expert
+  assert gc.select_config(p(1024, 4100, 8), 132).startswith("stream_")    # N % 8: no TMA rows
+  assert gc.select_config(p(4096, 4096, 8, "mxfp8"), 132) == "stream_16x16_kw4"
+  assert gc.select_config(p(4096, 4096, 8, "fp8_channel"), 132) == "stream_16x16_kw4"
   for m, n, g in ((1, 16, 1), (64, 2048, 32), (16384, 28672, 8)):
     name = gc.select_config(p(m, n, g), 132)
-    assert name in gc.CONFIGS
-  assert gc.unsupported(gc.GroupedProblem(m=4, n=64, k=2048, g=8, fmt="nvfp4")).startswith(
-      "no grouped kernel for nvfp4")
+    assert name in gc.CONFIGS or name in gc.PREFILL_CONFIGS
+  assert gc.unsupported(gc.GroupedProblem(m=4, n=64, k=2048, g=8, fmt="nvfp4")) is None
+  assert gc.unsupported(gc.GroupedProblem(m=4, n=64, k=2048, g=8, fmt="fp8_e5m2_x")).startswith(
+      "no grouped kernel for fp8_e5m2_x")
   assert "multiple of 32" in gc.unsupported(gc.GroupedProblem(m=4, n=64, k=48, g=8, fmt="fp8_channel"))
   assert gc.unsupported(gc.GroupedProblem(m=4, n=64, k=2048, g=8, fmt="mxfp8")) is None

@@ -47,7 +47,8 @@ _HOPPER = types.SimpleNamespace(compute_capability="9.0")
 
 
 @pytest.mark.parametrize("targets", [("jax_gmma_weightonly_gemm", "jax_gmma_weightonly_unpack",
-                                      "jax_gmma_fp8_quantize", "jax_gmma_fp8_grouped_gemm"), ()])
+                                      "jax_gmma_fp8_quantize", "jax_gmma_fp8_grouped_gemm",
+                                      "jax_gmma_weightonly_grouped_gemm"), ()])
 def test_paths_on_hopper_with_kernels(monkeypatch, targets):
   """Hopper with the kernels built: the kernels, when the library has their handlers."""
   monkeypatch.setattr(_backend, "check_cuda_kernels", lambda op: _HOPPER)

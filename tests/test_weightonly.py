@@ -499,7 +499,7 @@ def test_pick_cta_matches_the_cpp_rule():
     for m in (1, 2, 8, 9, 15, 16, 17, 33, 64, 127):
       for n in [16 * s for s in strips]:
         for k in (64, 8192, 16320, 16384, 28672):
-          assert wo.pick_cta(m, n, k, fmt) == tuple(e.weightonly_pick(m, n, k, wo._SCALE_KIND[fmt])), (
+          assert wo.pick_cta(m, n, k, fmt) == tuple(e.weightonly_pick(m, n, k, wo.SCALE_KIND[fmt])), (
               fmt, m, n, k)
 
 

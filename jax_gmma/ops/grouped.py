@@ -29,12 +29,17 @@ mxfp8, fp8_channel and per-expert fp8_tensor (x fp8_channel or fp8_tensor); e4m3
 (stored) a multiple of 32. A CTA streams 16 rows of one expert's weights past that expert's
 tokens, 8 or 16 at a time, the scales applied as the dense kernels apply them (per 128 of K,
 per 32 for MXFP8); only experts holding rows cost more than an early exit, and the group sizes
-never leave the device (CUDA-graph safe). One rule differs from the reference: a negative group
-size makes the whole result NaN (the kernel does not sum the overlapping groups
-``jax.lax.ragged_dot`` defines for it). The same kernel serves every M; at prefill sizes it
-re-reads each expert's weights per 16 tokens. FP4 / FP6 experts (PackedWeight) have no grouped
-kernel yet: on a CUDA GPU they raise :class:`~jax_gmma.KernelUnavailable` when traced, unless
-the reference is allowed (``jax_gmma.allow_reference()``).
+never leave the device (CUDA-graph safe). Block-scaled experts averaging 64 rows or more take
+CUTLASS's grouped tensor-core GEMM instead (``cpp/sm90_fp8_gemm_grouped_blockwise.cu``: a setup
+kernel writes each expert's shape and operand addresses into an XLA-owned workspace from the
+group sizes on the device, then one persistent grouped kernel; 64- or 128-row tiles,
+``grouped_configs.select_config``). One rule differs from the reference: a negative group size
+makes the whole result NaN (the kernels do not sum the overlapping groups
+``jax.lax.ragged_dot`` defines for it). MXFP8 and per-channel experts stream at every M (at
+prefill sizes re-reading each expert's weights per 16 tokens). FP4 / FP6 experts (PackedWeight: nvfp4, mxfp4,
+mxfp6_e2m3, mxfp6_e3m2) run the grouped form of the weight-only decode kernel (FFI call
+``jax_gmma_weightonly_grouped_gemm``): x in bfloat16 (an FP8 QuantizedArray x widened exactly,
+its scale applied in the epilogue), the weights widened in registers, the same expert slots.
 
 Sharded operands under ``jax.jit`` (:mod:`jax_gmma.sharding`, as for the dense GEMMs): the op
 is partitioned, not gathered, along
@@ -196,16 +201,21 @@ def _kernel_missing(ctx, params):
   why = grouped_configs.unsupported(problem)
   if why is not None:
     return why
-  nx = params["x_tree"].num_leaves
-  for name, aval in (("x", ctx.avals_in[0]), ("w", ctx.avals_in[nx])):
-    if np.dtype(aval.dtype) != shapes.F8E4M3:
-      return (f"the grouped kernels multiply float8_e4m3fn operands; {name} has "
-              f"{np.dtype(aval.dtype).name} elements")
+  packed = problem.fmt in grouped_configs.WEIGHTONLY_FORMATS
+  if not packed:
+    nx = params["x_tree"].num_leaves
+    for name, aval in (("x", ctx.avals_in[0]), ("w", ctx.avals_in[nx])):
+      if np.dtype(aval.dtype) != shapes.F8E4M3:
+        return (f"the grouped kernels multiply float8_e4m3fn operands; {name} has "
+                f"{np.dtype(aval.dtype).name} elements")
   why = _backend.missing_reason("ragged_dot")
   if why is not None:
     return why
   e = _backend.ext()
-  if e is None or not any(str(r["config"]).startswith("grouped_") for r in e.kernels()):
+  if packed:
+    if e is None or _backend.WEIGHTONLY_GROUPED_GEMM_TARGET not in dict(e.registrations()):
+      return "this build of jax_gmma has no grouped weight-only kernel; rebuild it with nvcc on PATH"
+  elif e is None or not any(str(r["config"]).startswith("grouped_") for r in e.kernels()):
     return "this build of jax_gmma has no grouped kernels; rebuild it with nvcc on PATH"
   return None
 
@@ -235,26 +245,73 @@ def kernel_operands(x: QuantizedArray, w: QuantizedArray, kind: str):
   return x.data, w.data, sa, sb
 
 
+def packed_operands(x, w: PackedWeight):
+  """(x, x_scale, has_x_scale, w_global) as the grouped weight-only kernel takes them
+  (ffi/weightonly_ffi.cc): x in bfloat16, K padded to the experts' padded K with zeros (an FP8
+  QuantizedArray x widened exactly, its per-token or per-tensor scale as x_scale (M,)), the
+  experts' global scales (G,)."""
+  if isinstance(x, QuantizedArray):
+    m = x.data.shape[0]
+    x2 = x.data.astype(jnp.bfloat16)
+    xs = jnp.broadcast_to(x.scales.astype(_F32).reshape(-1, 1), (m, 1)).reshape(m)
+    has_xs = True
+  else:
+    x2, xs, has_xs = x.astype(jnp.bfloat16), jnp.ones((1,), _F32), False
+  kp = w.packed.shape[2] * 64
+  if x2.shape[1] != kp:
+    x2 = jnp.pad(x2, ((0, 0), (0, kp - x2.shape[1])))
+  return x2, xs, has_xs, w.global_scale.astype(_F32).reshape(-1)
+
+
+def _plan(problem, kind: str, kernel_out, sm_count: int, has_bias: bool):
+  """(kernel name, workspace bytes) for an FP8 grouped problem: the selected config, or the
+  weight-streaming one where the library's can_implement refuses a prefill config."""
+  config = grouped_configs.select_config(problem, sm_count)
+  candidates = [config] + ([grouped_configs.stream_config(problem, sm_count)]
+                           if grouped_configs.is_prefill(config) else [])
+  e = _backend.ext()
+  for cfg in candidates:
+    name = grouped_configs.kernel_name(kind, cfg)
+    err, ws = e.check_grouped(name, "float8_e4m3fn", "float8_e4m3fn", np.dtype(kernel_out).name,
+                              problem.m, problem.n, problem.k, problem.g, sm_count, bool(has_bias))
+    if not err:
+      return name, ws
+  raise ValueError(f"{WHO}: kernel {name} cannot run {problem}: {err}")
+
+
 def _kernel(ctx, *args, x_tree, w_tree, fmt, n, out_dtype, has_bias):
   _backend.prepare_devices()
   problem = _problem(ctx.avals_in, {"x_tree": x_tree, "n": n, "fmt": fmt})
-  sm_count = int(_backend.first_cuda_device().core_count)
-  kind = grouped_configs.KINDS[fmt]
-  name = grouped_configs.kernel_name(kind, grouped_configs.select_config(problem, sm_count))
+  packed = fmt in grouped_configs.WEIGHTONLY_FORMATS
   # float16 output: the float32 kernel, then one rounding (as the dense families)
   kernel_out = np.dtype(_F32) if np.dtype(out_dtype) == shapes.F16 else np.dtype(out_dtype)
+  sm_count = int(_backend.first_cuda_device().core_count)
+  if not packed:
+    kind = grouped_configs.KINDS[fmt]
+    name, ws = _plan(problem, kind, kernel_out, sm_count, has_bias)
   nx, nw = x_tree.num_leaves, w_tree.num_leaves
+  out_shape = jax.ShapeDtypeStruct((problem.m, n), kernel_out)
 
   def lowered(*leaves):
     x = jax.tree.unflatten(x_tree, leaves[:nx])
     w = jax.tree.unflatten(w_tree, leaves[nx:nx + nw])
     group_sizes, bias, row_ids = leaves[nx + nw:]
-    a, b, sa, sb = kernel_operands(x, w, kind)
     bias_in = bias.astype(kernel_out) if has_bias else jnp.zeros((1,), kernel_out)
-    call = jax.ffi.ffi_call(_backend.FP8_GROUPED_GEMM_TARGET,
-                            jax.ShapeDtypeStruct((problem.m, n), kernel_out))
-    out = call(a, b, sa, sb, bias_in, group_sizes.astype(jnp.int32), row_ids.astype(jnp.int32),
-               config=name, has_bias=bool(has_bias))
+    sizes, rows = group_sizes.astype(jnp.int32), row_ids.astype(jnp.int32)
+    if packed:
+      x2, xs, has_xs, w_global = packed_operands(x, w)
+      out = jax.ffi.ffi_call(_backend.WEIGHTONLY_GROUPED_GEMM_TARGET, out_shape)(
+          x2, xs, w.packed, w.scales, w_global, bias_in, sizes, rows,
+          scale_kind=np.int32(weightonly.SCALE_KIND[fmt]), has_x_scale=has_xs,
+          has_bias=bool(has_bias))
+    else:
+      a, b, sa, sb = kernel_operands(x, w, kind)
+      # the workspace: the prefill kernels' per-expert arguments (XLA owns it: valid under
+      # CUDA-graph replay, nothing allocated at run time)
+      ws_shape = jax.ShapeDtypeStruct((max(int(ws), 16),), np.uint8)
+      out = jax.ffi.ffi_call(_backend.FP8_GROUPED_GEMM_TARGET, (out_shape, ws_shape))(
+          a, b, sa, sb, bias_in, sizes, rows, config=name, sm_count=np.int32(sm_count),
+          has_bias=bool(has_bias))[0]
     return out.astype(out_dtype)
 
   return mlir.lower_fun(lowered, multiple_results=False)(ctx, *args)
@@ -678,9 +735,8 @@ def ragged_dot(x, w, group_sizes, *, bias=None, out_dtype=None, x_format: Option
   grouped product of the cotangent with the dequantized weights in float32 (pure JAX).
 
   Shape, dtype and format rules are checked before anything runs, naming the argument. On a
-  Hopper GPU the FP8 expert formats run the grouped kernel (module docstring; a negative group
-  size gives NaN there); FP4 / FP6 experts raise KernelUnavailable unless the reference is
-  allowed (``jax_gmma.allow_reference()``); elsewhere the reference runs.
+  Hopper GPU every expert format runs a grouped kernel (module docstring; a negative group size
+  gives NaN there); elsewhere the reference runs.
 
   Under ``jax.jit`` with sharded operands, the tokens M, the output features N and the
   contraction K may stay sharded (K: float32 partial sums and one all-reduce); the experts G are

@@ -132,7 +132,7 @@ WEIGHTONLY_TARGET = _backend.WEIGHTONLY_GEMM_TARGET
 WEIGHT_FORMATS = ("nvfp4", "mxfp4", "mxfp6_e2m3", "mxfp6_e3m2")
 FP6_FORMATS = ("mxfp6_e2m3", "mxfp6_e3m2")
 #: Weight format codes (match jax_gmma::WoScale).
-_SCALE_KIND = {"nvfp4": 0, "mxfp4": 1, "mxfp6_e2m3": 2, "mxfp6_e3m2": 3}
+SCALE_KIND = {"nvfp4": 0, "mxfp4": 1, "mxfp6_e2m3": 2, "mxfp6_e3m2": 3}
 _BLOCK_K = {"nvfp4": 16, "mxfp4": 32, "mxfp6_e2m3": 32, "mxfp6_e3m2": 32}
 _SCALE_BYTES = {"nvfp4": 64, "mxfp4": 32, "mxfp6_e2m3": 32, "mxfp6_e3m2": 32}
 #: Bytes of one prepared 16-row x 64-K tile.
@@ -890,7 +890,7 @@ def _gemm_kernel(ctx, x, x_scale, packed, scales, global_scale, bias, *, fmt, n,
                  has_x_scale, has_bias, rows, tokens, k_warps):
   rule = jax.ffi.ffi_lowering(WEIGHTONLY_TARGET)
   return rule(ctx, x, x_scale, packed, scales, global_scale, bias,
-              scale_kind=np.int32(_SCALE_KIND[fmt]), rows=np.int32(rows), tokens=np.int32(tokens),
+              scale_kind=np.int32(SCALE_KIND[fmt]), rows=np.int32(rows), tokens=np.int32(tokens),
               k_warps=np.int32(k_warps),
               # every format: MX weights carry a power-of-two global scale (the exact range)
               has_x_scale=bool(has_x_scale), has_global=True, has_bias=bool(has_bias))
@@ -969,7 +969,7 @@ def unpack_reference(packed, scales, row_exp, *, fmt, n, kp, out_dtype):
 
 def _unpack_kernel(ctx, packed, scales, row_exp, *, fmt, n, kp, out_dtype):
   return jax.ffi.ffi_lowering(UNPACK_TARGET)(ctx, packed, scales, row_exp,
-                                             scale_kind=np.int32(_SCALE_KIND[fmt]))
+                                             scale_kind=np.int32(SCALE_KIND[fmt]))
 
 
 def _unpack_partition_rule(avals, params):

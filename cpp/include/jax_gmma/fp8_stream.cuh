@@ -37,10 +37,10 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdint>
 
 #include "jax_gmma/gemm_api.h"
+#include "jax_gmma/groups.cuh"
 #include "jax_gmma/weightonly_common.cuh"
 
 namespace jax_gmma::fp8_stream {
@@ -251,79 +251,13 @@ __global__ void __launch_bounds__(WK * 32) stream_kernel(const Params<S> p) {
                                static_cast<int64_t>(blockIdx.y) * (NT * 8));
 }
 
-// ---- Grouped (mixture-of-experts) GEMM --------------------------------------------------------
-//
-// A holds the tokens sorted by expert: expert e takes rows [start_e, end_e) with end = cumsum of
-// group_sizes (G,) and start_e = end_e - size_e, in the rows' global numbering; A's row 0 is
-// global row row_ids[0] (a shard of the rows under jax.jit's partitioning: contiguous). B holds
-// the G experts' (N, K) weights back to back, each with its scales (S::expert) and bias row.
-// The group sizes stay on the device: each CTA reads them itself.
-//
-// Grid: x = the 16-row strips of N, y = slots 0 .. min(G, M) - 1 and one last "fill" slot. Slot s
-// takes the s-th non-empty expert with rows in this shard (never more than min(G, M) of them)
-// and runs its token tiles one after another with the expert's weights; the slots without an
-// expert return at once, so empty experts cost nothing but that. The fill slot writes the rows
-// past the groups' total (zeros, as jax.lax.ragged_dot). A negative group size (whose overlapping
-// groups jax.lax.ragged_dot sums) is not multiplied: the fill slot writes NaN to every row and
-// no expert runs, so the result is detectably invalid, never plausible and wrong.
-struct Groups {
-  const int32_t* sizes;    // (G,) int32
-  const int32_t* row_ids;  // row_ids[0]: global index of A's row 0
-  int64_t count;           // G
-};
-
+// ---- Grouped (mixture-of-experts) GEMM: the expert slots of cpp/include/jax_gmma/groups.cuh,
+// 16-row strips of N on the grid's x, each slot's expert's token tiles in turn.
 template <class S>
 struct GroupedParams {
   Params<S> p;  // o.m: A's rows; o.b, o.bias, s: expert 0's
-  Groups groups;
+  groups::Groups groups;
 };
-
-struct Slot {
-  int64_t expert;      // -1: none
-  int64_t begin, end;  // its global rows
-  int64_t total;       // sum of the group sizes
-  bool negative;       // some group size < 0
-};
-
-// The slot-th non-empty expert with rows in [r0, r0 + m), computed by each warp on its own (the
-// same result in every warp, no shared memory): 32 sizes per round, a warp prefix sum.
-__device__ inline Slot find_slot(const Groups& gr, int64_t r0, int64_t m, int64_t slot) {
-  constexpr unsigned kAll = 0xFFFFFFFFu;
-  const int lane = threadIdx.x & 31;
-  Slot s{-1, 0, 0, 0, false};
-  int64_t base = 0;  // rows of the experts before this round
-  int64_t left = slot;
-  bool negative = false;
-  for (int64_t c = 0; c < gr.count; c += 32) {
-    const int64_t e = c + lane;
-    const int64_t size = e < gr.count ? static_cast<int64_t>(__ldg(gr.sizes + e)) : 0;
-    negative |= size < 0;
-    int64_t incl = size;
-#pragma unroll
-    for (int d = 1; d < 32; d <<= 1) {
-      const int64_t v = __shfl_up_sync(kAll, incl, d);
-      if (lane >= d) incl += v;
-    }
-    const int64_t end = base + incl, begin = end - size;
-    unsigned live = __ballot_sync(kAll, size > 0 && end > r0 && begin < r0 + m);
-    if (s.expert < 0) {  // warp-uniform
-      const int found = __popc(live);
-      if (left < found) {
-        for (int64_t i = 0; i < left; ++i) live &= live - 1;
-        const int pos = __ffs(live) - 1;
-        s.expert = c + pos;
-        s.begin = __shfl_sync(kAll, begin, pos);
-        s.end = __shfl_sync(kAll, end, pos);
-      } else {
-        left -= found;
-      }
-    }
-    base += __shfl_sync(kAll, incl, 31);
-  }
-  s.total = base;
-  s.negative = __any_sync(kAll, negative);
-  return s;
-}
 
 template <class S, int NT, int WK, typename OutT>
 __global__ void __launch_bounds__(WK * 32) grouped_stream_kernel(const GroupedParams<S> gp) {
@@ -331,16 +265,10 @@ __global__ void __launch_bounds__(WK * 32) grouped_stream_kernel(const GroupedPa
   const int64_t r0 = __ldg(gp.groups.row_ids);
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * 16;
   const bool fill = blockIdx.y == gridDim.y - 1;
-  const Slot s = find_slot(gp.groups, r0, o.m, fill ? 0 : blockIdx.y);
+  const groups::Slot s = groups::find_slot(gp.groups, r0, o.m, fill ? 0 : blockIdx.y);
   if (fill) {
-    const int64_t from = s.negative ? 0 : min(max(s.total - r0, int64_t{0}), o.m);
-    const int cols = static_cast<int>(min(int64_t{16}, o.n - row0));
-    const OutT v = from_float<OutT>(s.negative ? __int_as_float(0x7FC00000) : 0.f);
-    OutT* d = static_cast<OutT*>(o.d);
-    for (int64_t e = threadIdx.x; e < (o.m - from) * 16; e += WK * 32) {
-      const int c = static_cast<int>(e & 15);
-      if (c < cols) d[(from + (e >> 4)) * o.n + row0 + c] = v;
-    }
+    groups::fill_rows<16>(static_cast<OutT*>(o.d), o.n, o.m, row0, s, r0,
+                          [](float v) { return from_float<OutT>(v); });
     return;
   }
   if (s.negative || s.expert < 0) return;
@@ -384,7 +312,7 @@ cudaError_t launch_grouped(const GroupedParams<S>& gp, uintptr_t scale_ptrs, cud
   if (((reinterpret_cast<uintptr_t>(gp.p.o.a) | reinterpret_cast<uintptr_t>(gp.p.o.b) | scale_ptrs) % 16) != 0)
     return cudaErrorMisalignedAddress;
   if (gp.groups.count < 1 || !gp.groups.sizes || !gp.groups.row_ids) return cudaErrorInvalidValue;
-  const int64_t slots = std::min(gp.groups.count, gp.p.o.m) + 1;
+  const int64_t slots = groups::slots(gp.groups, gp.p.o.m);
   if (slots > 65535) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>((gp.p.o.n + 15) / 16), static_cast<unsigned>(slots));
   grouped_stream_kernel<S, NT, WK, OutT><<<grid, WK * 32, 0, stream>>>(gp);

@@ -81,6 +81,26 @@ WoCta weightonly_pick(int64_t m, int64_t n, int64_t k, WoScale scale);
 // The CTA shape weightonly_run uses for `a` (its forced fields, the pick for the rest).
 WoCta weightonly_resolve(const WoArgs& a);
 
+// Grouped (mixture-of-experts) weight-only GEMM: x (M, K) bf16 tokens sorted by expert (x_scale
+// (M,) or nullptr), the G experts' prepared codes and scale codes back to back (each expert
+// laid out as one (N, K) weight), w_global (G,) NVFP4 global scales or nullptr, bias (G, N) or
+// nullptr. Expert e takes x's rows [end_e - size_e, end_e), end = cumsum(sizes), numbered from
+// row_ids[0] (the global index of x's row 0); rows past the total come out zero, and a negative
+// size makes every output NaN (cpp/include/jax_gmma/groups.cuh). sizes and row_ids are read on
+// the device only. The CTA shape is picked (WoArgs' shape fields must be 0) among 16 rows x 8
+// or 16 tokens with 4 or 8 warps along K.
+struct WoGroups {
+  const int32_t* sizes = nullptr;    // (G,) int32 on the device
+  const int32_t* row_ids = nullptr;  // row_ids[0] on the device
+  int64_t count = 0;                 // G
+};
+// nullptr when the grouped kernel can run (a, g), else the reason.
+const char* weightonly_grouped_check(const WoArgs& a, const WoGroups& g);
+// Enqueues the grouped kernel on `stream` (nothing else).
+cudaError_t weightonly_grouped_run(const WoArgs& a, const WoGroups& g, cudaStream_t stream);
+// The CTA shape of the grouped kernel for M rows, G experts of (N, K) in a format.
+WoCta weightonly_grouped_pick(int64_t m, int64_t n, int64_t k, int64_t groups, WoScale scale);
+
 // The unpack kernel (prefill path): prepared weight -> row-major (N, K) bf16 or float8_e4m3fn.
 struct WoUnpackArgs {
   int64_t n = 0, k = 0;             // N (multiple of 16), K = the *padded* K (multiple of 64)

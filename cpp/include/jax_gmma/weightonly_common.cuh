@@ -12,6 +12,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "jax_gmma/groups.cuh"
 #include "jax_gmma/weightonly_api.h"
 
 namespace jax_gmma {
@@ -325,6 +326,82 @@ cudaError_t launch_tile(const WoArgs& a, cudaStream_t stream, void (*kernel)(WoP
   return cudaGetLastError();
 }
 
+// ---- Grouped (mixture-of-experts) weight-only GEMM: the expert slots of
+// cpp/include/jax_gmma/groups.cuh on the grid's y, the CTA's rows of N on its x. The experts'
+// prepared weights, scale codes, global scales (NVFP4) and bias rows lie back to back.
+struct WoGroupedParams {
+  WoParams p;             // m: A's rows; w, s, w_global, bias: expert 0's
+  groups::Groups groups;
+  int64_t w_expert, s_expert;  // bytes between two experts' codes / scale codes
+};
+
+// The body of a grouped kernel: `tile(q, tok0)` runs one CTA tile (the dense kernel's body) on
+// expert parameters q for tokens tok0 .. tok0 + 8 NT - 1.
+template <int RS, int NT, int WK, int WR, typename OutT, class Tile>
+__device__ __forceinline__ void wo_grouped(const WoGroupedParams& gp, Tile&& tile) {
+  constexpr int kCtaRows = 16 * RS * WR;
+  const WoParams& p = gp.p;
+  const int64_t r0 = __ldg(gp.groups.row_ids);
+  const bool fill = blockIdx.y == gridDim.y - 1;
+  const groups::Slot s = groups::find_slot(gp.groups, r0, p.m, fill ? 0 : blockIdx.y);
+  if (fill) {
+    groups::fill_rows<kCtaRows>(static_cast<OutT*>(p.d), p.n, p.m,
+                                static_cast<int64_t>(blockIdx.x) * kCtaRows, s, r0,
+                                [](float v) { return from_float<OutT>(v); });
+    return;
+  }
+  if (s.negative || s.expert < 0) return;
+  const int64_t lo = max(s.begin - r0, int64_t{0}), hi = min(s.end - r0, p.m);
+  WoParams q = p;
+  q.m = hi;  // tokens past the expert's rows read its last row and are not stored
+  q.w = p.w + s.expert * gp.w_expert;
+  q.s = p.s + s.expert * gp.s_expert;
+  if (p.w_global) q.w_global = p.w_global + s.expert;
+  if (p.bias) q.bias = static_cast<const OutT*>(p.bias) + s.expert * p.n;
+  for (int64_t tok0 = lo; tok0 < hi; tok0 += NT * 8) {
+    tile(q, tok0);
+    __syncthreads();  // the next tile reuses the reduction's shared memory
+  }
+}
+
+// The CTA shapes the grouped kernels are built for (16 rows; 8 or 16 tokens; 4 or 8 warps
+// along K): rows of kWoCtaShapes.
+constexpr WoCtaShape kWoGroupedShapes[] = {{1, 1, 8, 1}, {1, 2, 8, 1}, {1, 1, 4, 1}, {1, 2, 4, 1}};
+constexpr int kWoGroupedShapeCount = static_cast<int>(sizeof(kWoGroupedShapes) / sizeof(kWoGroupedShapes[0]));
+inline bool wo_grouped_shape(const WoCta& c) {
+  for (const WoCtaShape& s : kWoGroupedShapes)
+    if (s.rows() == c.rows && 8 * s.nt == c.tokens && s.wk == c.k_warps) return true;
+  return false;
+}
+
+// Host: one launch of a grouped kernel (grid: N / (16 RS WR) x the expert slots).
+template <int RS, int NT, int WK, int WR>
+cudaError_t launch_grouped_tile(const WoArgs& a, const WoGroups& gr, cudaStream_t stream,
+                                void (*kernel)(WoGroupedParams)) {
+  constexpr int kCtaRows = 16 * RS * WR;
+  const WoGroupedParams gp{make_params(a), {gr.sizes, gr.row_ids, gr.count},
+                           a.n / 16 * (a.k / 64) * weightonly_tile_bytes(a.scale),
+                           a.n / 16 * (a.k / 64) * weightonly_scale_bytes(a.scale)};
+  const dim3 grid(static_cast<unsigned>(a.n / kCtaRows),
+                  static_cast<unsigned>(groups::slots(gp.groups, a.m)));
+  kernel<<<grid, WK * WR * 32, 0, stream>>>(gp);
+  return cudaGetLastError();
+}
+
+// Host: calls launch(RS, NT, WK, WR) for the kWoGroupedShapes row matching c.
+template <int I = 0, class F>
+cudaError_t dispatch_grouped_shape(const WoCta& c, F&& launch) {
+  if constexpr (I >= kWoGroupedShapeCount) {
+    return cudaErrorInvalidValue;
+  } else {
+    constexpr WoCtaShape s = kWoGroupedShapes[I];
+    if (s.rows() == c.rows && 8 * s.nt == c.tokens && s.wk == c.k_warps)
+      return launch(std::integral_constant<int, s.rs>{}, std::integral_constant<int, s.nt>{},
+                    std::integral_constant<int, s.wk>{}, std::integral_constant<int, s.wr>{});
+    return dispatch_grouped_shape<I + 1>(c, launch);
+  }
+}
+
 // Host: calls launch(RS, NT, WK, WR) (as std::integral_constant) for the kWoCtaShapes row
 // `index`; the recursion instantiates every row.
 template <int I, class F>
@@ -541,6 +618,8 @@ cudaError_t launch_unpack(const WoUnpackArgs& a, cudaStream_t stream) {
 // The MXFP6 kernel family (cpp/sm90_fp6_gemm_weightonly.cu), called by weightonly_run for
 // a.scale == kMx6E2M3 / kMx6E3M2 once weightonly_check passed and the tile is resolved.
 cudaError_t weightonly_fp6_run(const WoArgs& a, const WoCta& c, cudaStream_t stream);
+cudaError_t weightonly_fp6_grouped_run(const WoArgs& a, const WoGroups& g, const WoCta& c,
+                                       cudaStream_t stream);
 // The MXFP6 unpack kernels, called by weightonly_unpack_run once weightonly_unpack_check passed.
 cudaError_t weightonly_fp6_unpack_run(const WoUnpackArgs& a, cudaStream_t stream);
 
