@@ -297,7 +297,8 @@ def _grouped_kernels_built():
   return bool(e is not None and any(str(r["config"]).startswith("grouped_") for r in e.kernels()))
 
 
-def test_cuda_lowering_calls_the_grouped_kernel(fake_hopper):
+def test_cuda_lowering_calls_the_grouped_kernel(fake_hopper, monkeypatch):
+  monkeypatch.setattr(jax_gmma._backend, "prepare_devices", lambda: None)  # nothing to set up
   x, _, wq, bias = _inputs("fp8_1x128", 12)
   f = jax.jit(lambda x, w, s, b: jax_gmma.ragged_dot(x, w, s, bias=b))
   args = (x, wq, jnp.asarray(SIZES, jnp.int32), bias)
@@ -315,7 +316,8 @@ def test_cuda_lowering_calls_the_grouped_kernel(fake_hopper):
   assert exported.out_avals[0].shape == (M, N)
 
 
-def test_cuda_lowering_calls_the_grouped_weightonly_kernel(fake_hopper):
+def test_cuda_lowering_calls_the_grouped_weightonly_kernel(fake_hopper, monkeypatch):
+  monkeypatch.setattr(jax_gmma._backend, "prepare_devices", lambda: None)  # nothing to set up
   x, _, wq, bias = _inputs("mxfp4", 12)
   f = jax.jit(lambda x, w, s, b: jax_gmma.ragged_dot(x, w, s, bias=b))
   args = (x, wq, jnp.asarray(SIZES, jnp.int32), bias)
