@@ -103,19 +103,10 @@ ffi::Error Fp8GroupedGemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuf
   const KernelEntry* entry = lookup(cache, config, ta, tb, td, &why);
   if (!entry) return bad(why);
 
-  g.m = m;
-  g.n = n;
-  g.k = k;
-  g.a = a.untyped_data();
-  g.b = b.untyped_data();
-  g.bias = has_bias ? bias.untyped_data() : nullptr;
-  g.d = d->untyped_data();
+  set_common_args(g, m, n, k, a, b, bias, has_bias, d, workspace, 1, sm_count);
   g.group_sizes = static_cast<const int32_t*>(group_sizes.untyped_data());
   g.row_ids = static_cast<const int32_t*>(row_ids.untyped_data());
   g.groups = groups;
-  g.workspace = workspace->untyped_data();
-  g.workspace_bytes = workspace->size_bytes();
-  g.sm_count = sm_count;
   return launch(entry, g, stream);
 }
 

@@ -36,6 +36,27 @@ const char* check_prepared(const ffi::AnyBuffer& w_packed, const ffi::AnyBuffer&
   return nullptr;
 }
 
+// The WoArgs of both GEMM handlers (shapes from x (M, Kp) and d (M, N); checked by the caller).
+WoArgs wo_args(const ffi::AnyBuffer& x, const ffi::AnyBuffer& x_scale, const ffi::AnyBuffer& w_packed,
+               const ffi::AnyBuffer& w_scales, const ffi::AnyBuffer& w_global,
+               const ffi::AnyBuffer& bias, ffi::Result<ffi::AnyBuffer>& d, bool has_x_scale,
+               bool has_global, bool has_bias, WoScale scale) {
+  WoArgs a;
+  a.m = x.dimensions()[0];
+  a.k = x.dimensions()[1];
+  a.n = d->dimensions()[1];
+  a.x = x.untyped_data();
+  a.x_scale = has_x_scale ? static_cast<const float*>(x_scale.untyped_data()) : nullptr;
+  a.w_packed = w_packed.untyped_data();
+  a.w_scales = w_scales.untyped_data();
+  a.w_global = has_global ? static_cast<const float*>(w_global.untyped_data()) : nullptr;
+  a.bias = has_bias ? bias.untyped_data() : nullptr;
+  a.d = d->untyped_data();
+  a.d_is_f32 = d->element_type() == ffi::DataType::F32;
+  a.scale = scale;
+  return a;
+}
+
 // Operands: x (M,K) bf16, x_scale f32 (M,) or (1,) (ignored unless has_x_scale), w_packed u8,
 // w_scales u8 (prepared layouts), w_global f32 (1,) (ignored unless has_global), bias (N,) in
 // the output dtype (ignored unless has_bias). Result: d (M,N) bf16 or f32.
@@ -60,19 +81,8 @@ ffi::Error WeightOnlyGemmImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuf
   if (has_global && !is_f32_scalar(w_global)) return bad("w_global must be float32 (1,)");
   if (auto e = check_bias(bias, *d, has_bias, n); !e.empty()) return bad(e);
 
-  WoArgs a;
-  a.m = m;
-  a.n = n;
-  a.k = k;
-  a.x = x.untyped_data();
-  a.x_scale = has_x_scale ? static_cast<const float*>(x_scale.untyped_data()) : nullptr;
-  a.w_packed = w_packed.untyped_data();
-  a.w_scales = w_scales.untyped_data();
-  a.w_global = has_global ? static_cast<const float*>(w_global.untyped_data()) : nullptr;
-  a.bias = has_bias ? bias.untyped_data() : nullptr;
-  a.d = d->untyped_data();
-  a.d_is_f32 = f32;
-  a.scale = static_cast<WoScale>(scale_kind);
+  WoArgs a = wo_args(x, x_scale, w_packed, w_scales, w_global, bias, d, has_x_scale, has_global,
+                     has_bias, static_cast<WoScale>(scale_kind));
   a.rows_per_cta = rows;
   a.tokens_per_cta = tokens;
   a.k_warps = k_warps;
@@ -130,19 +140,7 @@ ffi::Error WeightOnlyGroupedGemmImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi:
                    static_cast<int64_t>(bias.element_count()) != groups * n))
     return bad_grouped("bias must be (G, N) in the output dtype");
 
-  WoArgs a;
-  a.m = m;
-  a.n = n;
-  a.k = k;
-  a.x = x.untyped_data();
-  a.x_scale = has_x_scale ? static_cast<const float*>(x_scale.untyped_data()) : nullptr;
-  a.w_packed = w_packed.untyped_data();
-  a.w_scales = w_scales.untyped_data();
-  a.w_global = static_cast<const float*>(w_global.untyped_data());
-  a.bias = has_bias ? bias.untyped_data() : nullptr;
-  a.d = d->untyped_data();
-  a.d_is_f32 = f32;
-  a.scale = sk;
+  WoArgs a = wo_args(x, x_scale, w_packed, w_scales, w_global, bias, d, has_x_scale, true, has_bias, sk);
   WoGroups g;
   g.sizes = static_cast<const int32_t*>(group_sizes.untyped_data());
   g.row_ids = static_cast<const int32_t*>(row_ids.untyped_data());

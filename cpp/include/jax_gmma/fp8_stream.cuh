@@ -253,6 +253,15 @@ __global__ void __launch_bounds__(WK * 32) stream_kernel(const Params<S> p) {
 
 // ---- Grouped (mixture-of-experts) GEMM: the expert slots of cpp/include/jax_gmma/groups.cuh,
 // 16-row strips of N on the grid's x, each slot's expert's token tiles in turn.
+// The scale operands of expert e: every policy's Args has sb (the weight scales) and sb_expert
+// (the distance between two experts' weight scales, in elements of sb).
+template <class Args>
+__device__ __forceinline__ Args expert_scales(const Args& s, int64_t e) {
+  Args r = s;
+  r.sb += e * s.sb_expert;
+  return r;
+}
+
 template <class S>
 struct GroupedParams {
   Params<S> p;  // o.m: A's rows; o.b, o.bias, s: expert 0's
@@ -277,7 +286,7 @@ __global__ void __launch_bounds__(WK * 32) grouped_stream_kernel(const GroupedPa
   p.o.m = hi;  // tokens past the expert's rows read its last row and are not stored
   p.o.b = o.b + s.expert * o.n * o.k;
   if (o.bias) p.o.bias = static_cast<const OutT*>(o.bias) + s.expert * o.n;
-  p.s = S::expert(gp.p.s, s.expert);
+  p.s = expert_scales(gp.p.s, s.expert);
   for (int64_t tok0 = lo; tok0 < hi; tok0 += NT * 8) {
     stream_tile<S, NT, WK, OutT>(p, row0, tok0);
     __syncthreads();  // the next tile reuses the reduction's shared memory

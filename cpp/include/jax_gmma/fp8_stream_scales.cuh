@@ -4,10 +4,9 @@
 // grouped one (cpp/sm90_fp8_gemm_grouped_stream.cu) take them from here.
 //
 // Besides fp8_stream.cuh's interface (Args, Word, kGroup, kSpecial, load_w, load_x, scale,
-// special), each policy has
-//   __device__ static Args expert(const Args&, int64_t e);   // expert e's weight scales
-// for the grouped kernel: Args::sb_expert is the distance between two experts' weight scales (in
-// elements of sb), set by the host; the dense kernels leave it 0.
+// special), each policy's Args has sb (the weight scales) and sb_expert, the distance between
+// two experts' weight scales in elements of sb, set by the host for the grouped kernel (the
+// dense kernels leave it 0): fp8_stream.cuh's expert_scales() moves sb to expert e's.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -43,11 +42,6 @@ struct Block128Scales {
   template <bool kExact>
   __device__ static float scale(Word v, int) { return v; }
   __device__ static uint32_t special(Word) { return 0; }
-  __device__ static Args expert(const Args& s, int64_t e) {
-    Args r = s;
-    r.sb += e * s.sb_expert;
-    return r;
-  }
 };
 
 // MXFP8: E8M0 codes in the swizzled 128x4-atom layout, one 32-bit word (four 32-K blocks) per
@@ -79,11 +73,6 @@ struct MxScales {
   __device__ static uint32_t special(Word v) {  // a byte equal to 0x00 or 0xFF
     return ((v - 0x01010101u) & ~v & 0x80808080u) | ((~v - 0x01010101u) & v & 0x80808080u);
   }
-  __device__ static Args expert(const Args& s, int64_t e) {
-    Args r = s;
-    r.sb += e * s.sb_expert;
-    return r;
-  }
 };
 
 // FP8 per-tensor / per-channel scales (float32, constant along K): one per token or one for all
@@ -105,11 +94,6 @@ struct RowScales {
   template <bool kExact>
   __device__ static float scale(Word v, int) { return v; }
   __device__ static uint32_t special(Word) { return 0; }
-  __device__ static Args expert(const Args& s, int64_t e) {
-    Args r = s;
-    r.sb += e * s.sb_expert;
-    return r;
-  }
 };
 
 }  // namespace jax_gmma::fp8_stream
