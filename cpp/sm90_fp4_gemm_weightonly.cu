@@ -38,6 +38,7 @@
 
 #include "jax_gmma/weightonly_api.h"
 #include "jax_gmma/weightonly_common.cuh"
+#include "jax_gmma/weightonly_wgmma.cuh"
 
 namespace jax_gmma {
 namespace {
@@ -202,6 +203,11 @@ struct Fp4Tile {
   }
 };
 
+#ifndef JAX_GMMA_WO_TC_DEPTH
+#define JAX_GMMA_WO_TC_DEPTH 4  // the tensor-core kernel's weight prefetch depth (K steps of 64)
+#endif
+constexpr int kWoTcDepth = JAX_GMMA_WO_TC_DEPTH;
+
 #ifndef JAX_GMMA_WO_DEPTH
 #define JAX_GMMA_WO_DEPTH 4  // weight prefetch depth (K steps of 64 in flight per warp)
 #define JAX_GMMA_WO_SHALLOW_RING 1  // fp4_shallow_tile applies (off when a tuning build forces D)
@@ -223,6 +229,8 @@ inline bool fp4_shallow_k(int64_t k) { return k / 64 <= 16 * 8; }
 
 template <WoScale S, typename OutT, int D = JAX_GMMA_WO_DEPTH>
 cudaError_t dispatch_tile(const WoArgs& a, const WoCta& c, cudaStream_t stream) {
+  if (c.tokens >= 32)  // the tensor-core kernel (weightonly_wgmma.cuh)
+    return launch_tc<Fp4Tile<S>, OutT, kWoTcDepth>(a, wo_tc_shape_index(c.rows, c.tokens, c.k_warps), stream);
   return dispatch_tile_shape(c.rows, c.tokens, c.k_warps, [&](auto rs, auto nt, auto wk, auto wr) {
     constexpr int RS = decltype(rs)::value, NT = decltype(nt)::value;
     constexpr int WK = decltype(wk)::value, WR = decltype(wr)::value;
@@ -291,6 +299,10 @@ WoCta weightonly_pick(int64_t m, int64_t n, int64_t k, WoScale scale) {
   const int64_t strips = n / 16;
   const bool fp6 = scale == WoScale::kMx6E2M3 || scale == WoScale::kMx6E3M2;
   WoCta c;
+  if (m > 16) {  // the tensor-core kernel: one decoded weight fragment feeds NT tokens
+    const WoCta tc = weightonly_tc_pick(m, n, k, scale);
+    if (tc.rows) return tc;
+  }
   c.tokens = m <= 8 ? 8 : 16;
   if (!fp6) {
     if (m <= 8) {
@@ -322,6 +334,35 @@ WoCta weightonly_pick(int64_t m, int64_t n, int64_t k, WoScale scale) {
   return c;
 }
 
+WoCta weightonly_tc_pick(int64_t m, int64_t n, int64_t k, WoScale scale) {
+  // Untuned first choice (to be replaced by the measured sweep): more rows per CTA at large N
+  // (the row groups share the activation tile: fewer activation reads per weight byte), more
+  // warp groups along K at small N (more CTAs' worth of weight streams in flight).
+  (void)k;
+  (void)scale;
+  const bool wide = n / 16 >= 1024;
+  WoCta c;
+  if (m <= 32) {
+    c.tokens = 32;
+    c.rows = wide ? 128 : 64;
+    c.k_warps = wide ? 8 : 16;
+  } else if (m <= 64) {
+    c.tokens = 64;
+    c.rows = wide ? 128 : 64;
+    c.k_warps = wide ? 4 : 8;
+  } else {
+    c.tokens = 128;
+    c.rows = wide ? 128 : 64;
+    c.k_warps = 4;
+  }
+  if (n % c.rows != 0) {
+    if (n % 64 != 0) return WoCta{};  // none: the decode kernel's shapes take it
+    c.rows = 64;
+    c.k_warps = c.tokens == 32 ? 16 : (c.tokens == 64 ? 8 : 4);
+  }
+  return c;
+}
+
 WoCta weightonly_resolve(const WoArgs& a) {
   const WoCta pick = weightonly_pick(a.m, a.n, a.k, a.scale);
   if (!a.rows_per_cta && !a.tokens_per_cta && !a.k_warps) return pick;
@@ -343,8 +384,13 @@ const char* weightonly_check(const WoArgs& a) {
       a.scale != WoScale::kMx6E3M2)
     return "unknown weight format (scale_kind)";
   const WoCta c = weightonly_resolve(a);
-  if (wo_cta_shape_index(c.rows, c.tokens, c.k_warps) < 0)
+  if (c.tokens >= 32) {
+    if (wo_tc_shape_index(c.rows, c.tokens, c.k_warps) < 0)
+      return "no tensor-core kernel for this CTA shape (rows_per_cta, tokens_per_cta, k_warps): see kWoTcShapes";
+    if (a.n / 16 * (a.k / 64) > UINT32_MAX) return "weight too large";
+  } else if (wo_cta_shape_index(c.rows, c.tokens, c.k_warps) < 0) {
     return "no kernel for this CTA shape (rows_per_cta, tokens_per_cta, k_warps): see kWoCtaShapes";
+  }
   if (a.n % c.rows != 0) return "N must be a multiple of rows_per_cta";
   if ((a.m + c.tokens - 1) / c.tokens > 65535) return "M too large";
   return nullptr;

@@ -1,0 +1,45 @@
+"""benchmarks/decode_sweep.py on the CPU: tiny shapes through the reference lowering (the
+numbers mean nothing here; the GPU run is benchmarks/run_gpu.sh's decode_sweep step)."""
+import json
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+import decode_sweep  # noqa: E402
+
+
+def test_goals_follow_the_bands():
+  assert decode_sweep.goal("wo:nvfp4", 16) == 1.5
+  assert decode_sweep.goal("wo:mxfp4", 17) == 1.3
+  assert decode_sweep.goal("wo:mxfp6_e3m2", 256) == 1.0
+  assert decode_sweep.goal("fp8_channel", 1) == 1.0
+  assert decode_sweep.goal("fp8_128x128", 1) is None
+  row = dict(m=64, us={"xla_fp8": 10.0, "wo:nvfp4": 8.0, "fp8_channel": 9.0, "mxfp8": 9.9})
+  assert decode_sweep.misses(row, "wo:nvfp4")          # 1.25x < 1.3x
+  assert not decode_sweep.misses(row, "fp8_channel")   # 1.11x
+  assert decode_sweep.misses(row, "mxfp8")             # 1.01x < 0.95 x 1.11x
+  assert decode_sweep.misses(row, "bf16") is None
+
+
+def test_tiny_sweep_writes_checked_results(tmp_path):
+  out = tmp_path / "sweep"
+  rc = decode_sweep.main(["--out", str(out), "--nk", "128x256", "--ms", "1,20",
+                          "--formats", "fp8_channel,wo:nvfp4,wo:mxfp6_e2m3", "--repeats", "1",
+                          "--rounds", "1"])
+  assert rc == 0
+  data = json.loads((out / "decode_sweep.json").read_text())
+  assert [r["m"] for r in data["rows"]] == [1, 20] and data["meta"]["failures"] == []
+  for r in data["rows"]:
+    assert set(r["rel_err"]) == {"fp8_channel", "wo:nvfp4", "wo:mxfp6_e2m3"}
+    assert max(r["rel_err"].values()) < decode_sweep.TOL
+    assert {"fp8_channel", "wo:nvfp4", "xla_fp8", "bf16"} <= set(r["us"])
+  md = (out / "decode_sweep.md").read_text()
+  assert "| 128 x 256 | 20 |" in md
+  assert decode_sweep.main(["--report", str(out)]) == 0
+
+
+def test_unknown_format_is_refused():
+  with pytest.raises(SystemExit):
+    decode_sweep.main(["--formats", "fp8_channel,int4"])
