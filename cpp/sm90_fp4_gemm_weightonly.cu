@@ -289,6 +289,14 @@ cudaError_t weightonly_grouped_run(const WoArgs& a, const WoGroups& g, cudaStrea
 }
 
 WoCta weightonly_pick(int64_t m, int64_t n, int64_t k, WoScale scale) {
+  if (m > 16) {  // the tensor-core kernel: one decoded weight fragment feeds NT tokens
+    const WoCta tc = weightonly_tc_pick(m, n, k, scale);
+    if (tc.rows) return tc;
+  }
+  return weightonly_decode_pick(m, n, k, scale);
+}
+
+WoCta weightonly_decode_pick(int64_t m, int64_t n, int64_t k, WoScale scale) {
   // Measured on the H200, every shape of kWoCtaShapes at N x K = 28672 x 8192, 8192 x 8192,
   // 8192 x 28672, 4096 x 14336 and M = 1, 4, 16, 64 (benchmarks/kernels/bench_weightonly_kernel.cu;
   // measured 2026-11-30, CTA shapes and weight layout). The K
@@ -299,10 +307,6 @@ WoCta weightonly_pick(int64_t m, int64_t n, int64_t k, WoScale scale) {
   const int64_t strips = n / 16;
   const bool fp6 = scale == WoScale::kMx6E2M3 || scale == WoScale::kMx6E3M2;
   WoCta c;
-  if (m > 16) {  // the tensor-core kernel: one decoded weight fragment feeds NT tokens
-    const WoCta tc = weightonly_tc_pick(m, n, k, scale);
-    if (tc.rows) return tc;
-  }
   c.tokens = m <= 8 ? 8 : 16;
   if (!fp6) {
     if (m <= 8) {

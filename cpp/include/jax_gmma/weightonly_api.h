@@ -80,6 +80,8 @@ cudaError_t weightonly_run(const WoArgs& a, cudaStream_t stream);
 // The CTA shape the kernel picks for (m, n, k) and the weight format when WoArgs leaves it
 // open (mirrored by jax_gmma.weightonly.pick_cta).
 WoCta weightonly_pick(int64_t m, int64_t n, int64_t k, WoScale scale);
+// The mma.sync decode kernel's CTA shape (8 or 16 tokens per CTA) for any m.
+WoCta weightonly_decode_pick(int64_t m, int64_t n, int64_t k, WoScale scale);
 // The tensor-core kernel's CTA shape for 16 < m (rows 0 when none fits N; mirrored by
 // jax_gmma.weightonly.pick_cta).
 WoCta weightonly_tc_pick(int64_t m, int64_t n, int64_t k, WoScale scale);
