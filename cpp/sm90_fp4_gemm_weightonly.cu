@@ -258,7 +258,7 @@ WoCta weightonly_grouped_pick(int64_t m, int64_t n, int64_t k, int64_t groups, W
   // slot averages and N times the slots (the CTAs in flight), restricted to kWoGroupedShapes.
   const int64_t slots = std::max<int64_t>(std::min(groups, m), 1);
   const int64_t per_expert = (m + slots - 1) / slots;
-  const WoCta dense = weightonly_pick(per_expert, n * slots, k, scale);
+  const WoCta dense = weightonly_decode_pick(per_expert, n * slots, k, scale);
   WoCta c;
   c.rows = 16;
   c.tokens = dense.tokens;
