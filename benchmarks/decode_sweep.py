@@ -29,7 +29,8 @@ allows: HBM, not the 60 MB L2); µs per GEMM = median chain time / CHAIN (bench_
 the rows of one (shape, M) interleaved). XLA's default flags (command buffers on).
 
 Writes DIR/decode_sweep.json (every measurement), .md (ratio to XLA FP8 per cell, cells short of
-the batched-decode goals in bold, GOALS) and .png (needs matplotlib).
+the batched-decode goals in bold, GOALS; then each cell's ceiling: XLA's time over the row's
+physical floor, floor_us) and .png (needs matplotlib).
 """
 from __future__ import annotations
 
@@ -79,6 +80,15 @@ GOALS = {
     "fp8_channel": ((256, 1.0),),
 }
 MXFP8_VS_CHANNEL = 0.95
+#: Physical floors (H200 datasheet): HBM bytes per second, dense tensor-core FLOP/s by operand
+#: type. FP4 / FP6 weights run on bf16 tensor cores (Hopper has no FP4 / FP6 MMA).
+HBM_BPS = 4.8e12
+TC_FLOPS = {"fp8": 1979e12, "bf16": 989e12}
+#: Weight bytes per element, scales included (K-blocked scales amortized over their block).
+WEIGHT_BYTES = {"fp8_tensor": 1.0, "fp8_channel": 1.0, "fp8_128x128": 1.0 + 4 / 128 ** 2,
+                "mxfp8": 1.0 + 1 / 32, "wo:nvfp4": 0.5 + 1 / 16, "wo:mxfp4": 0.5 + 1 / 32,
+                "wo:mxfp6_e2m3": 0.75 + 1 / 32, "wo:mxfp6_e3m2": 0.75 + 1 / 32, "xla_fp8": 1.0,
+                "bf16": 2.0, "jnn_mxfp8": 1.0 + 1 / 32}
 
 
 def goal(fmt: str, m: int):
@@ -87,6 +97,14 @@ def goal(fmt: str, m: int):
     if m <= top:
       return g
   return None
+
+
+def floor_us(name: str, m: int, n: int, k: int) -> float:
+  """The physical floor of one GEMM of row `name`: weight and activation bytes over HBM
+  bandwidth, or FLOPs over the tensor-core rate of its operand type, whichever is larger."""
+  nbytes = n * k * WEIGHT_BYTES[name] + 2 * m * (k + n)
+  rate = TC_FLOPS["bf16" if name.startswith("wo:") or name == "bf16" else "fp8"]
+  return 1e6 * max(nbytes / HBM_BPS, 2.0 * m * n * k / rate)
 
 
 def _weights(fmt, w):
@@ -153,7 +171,8 @@ def measure(nk, ms, formats, log, repeats=5, rounds=2):
       stats = time_rounds({nm: (lambda c=c, w_=w_: c(x, w_)) for nm, (c, w_) in compiled.items()},
                           [()], repeats, 0.02, rounds)
       row = dict(m=m, n=n, k=k, chain=CHAIN, distinct_weights=d,
-                 us={nm: st["median_us"] / CHAIN for nm, st in stats.items()}, rel_err=errs)
+                 us={nm: st["median_us"] / CHAIN for nm, st in stats.items()}, rel_err=errs,
+                 floor_us={nm: floor_us(nm, m, n, k) for nm in steps})
       rows.append(row)
       log(f"{m:4d} x {n} x {k}: " + ", ".join(f"{nm} {v:.1f}" for nm, v in row["us"].items()))
     del ws
@@ -203,6 +222,17 @@ def markdown(meta, rows):
     out.append(f"| {r['n']} x {r['k']} | {r['m']} | {xla:.1f} | " if xla else
                f"| {r['n']} x {r['k']} | {r['m']} | - | ")
     out[-1] += " | ".join(cells) + " |"
+  out += ["", "Ceilings: the most each row could reach against the measured XLA FP8 time, XLA µs / "
+          f"the row's physical floor (bytes / {HBM_BPS / 1e12:.1f} TB/s or FLOPs / "
+          f"{TC_FLOPS['fp8'] / 1e12:.0f} (FP8) or {TC_FLOPS['bf16'] / 1e12:.0f} (bf16, FP4 / FP6 "
+          "weights) TFLOP/s, the larger). A goal above its ceiling cannot be met on this "
+          "hardware with that operand type.", "",
+          "| N x K | M | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
+  for r in rows:
+    xla = r["us"].get("xla_fp8")
+    cells = [f"{xla / r['floor_us'][nm]:.2f}x" if xla and nm in r.get("floor_us", {}) else "-"
+             for nm in names]
+    out.append(f"| {r['n']} x {r['k']} | {r['m']} | " + " | ".join(cells) + " |")
   out += ["", f"Relative errors (float64 reference of the dequantized operands, tolerance {TOL}) and "
           "absolute µs of every row are in the JSON.", ""]
   return "\n".join(out)

@@ -23,6 +23,17 @@ def test_goals_follow_the_bands():
   assert decode_sweep.misses(row, "bf16") is None
 
 
+def test_floors():
+  # 28672 x 8192: NVFP4 weights 132 MB (27.5 µs at 4.8 TB/s) and bf16 tensor cores (M = 64:
+  # 30.4 µs; M = 256: 121.6 µs); FP8 weights 235 MB (48.9 µs), FP8 tensor cores (M = 256: 60.8).
+  f = decode_sweep.floor_us
+  assert 27 < f("wo:nvfp4", 1, 28672, 8192) < 28
+  assert 30 < f("wo:nvfp4", 64, 28672, 8192) < 31
+  assert 121 < f("wo:mxfp4", 256, 28672, 8192) < 122
+  assert 48 < f("xla_fp8", 16, 28672, 8192) < 50
+  assert 60 < f("fp8_channel", 256, 28672, 8192) < 62
+
+
 def test_tiny_sweep_writes_checked_results(tmp_path):
   out = tmp_path / "sweep"
   rc = decode_sweep.main(["--out", str(out), "--nk", "128x256", "--ms", "1,20",
@@ -36,7 +47,8 @@ def test_tiny_sweep_writes_checked_results(tmp_path):
     assert max(r["rel_err"].values()) < decode_sweep.TOL
     assert {"fp8_channel", "wo:nvfp4", "xla_fp8", "bf16"} <= set(r["us"])
   md = (out / "decode_sweep.md").read_text()
-  assert "| 128 x 256 | 20 |" in md
+  assert "| 128 x 256 | 20 |" in md and "Ceilings" in md
+  assert set(data["rows"][0]["floor_us"]) >= {"fp8_channel", "wo:nvfp4", "xla_fp8"}
   assert decode_sweep.main(["--report", str(out)]) == 0
 
 
