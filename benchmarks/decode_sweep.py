@@ -34,9 +34,6 @@ physical floor, floor_us) and .png (needs matplotlib).
 """
 from __future__ import annotations
 
-import argparse
-import datetime
-import json
 import math
 import os
 import sys
@@ -55,7 +52,8 @@ import jax_gmma  # noqa: E402
 from jax_gmma.ops import weightonly  # noqa: E402
 from bench_fp8 import exit_code, time_rounds, warm_gpu  # noqa: E402
 from bench_blockwise import q_mx  # noqa: E402
-from blockwise_decode_sweep import CHAIN, NT, _chain, xla_fp8  # noqa: E402
+from blockwise_decode_sweep import (CHAIN, NT, chain_of, grid, rerender, save_figure, shape_axes,  # noqa: E402
+                                    sweep_meta, sweep_parser, write_sweep, xla_fp8)
 
 F8, BF, F32 = jnp.float8_e4m3fn, jnp.bfloat16, jnp.float32
 NAME = "decode_sweep"
@@ -165,7 +163,7 @@ def measure(nk, ms, formats, log, repeats=5, rounds=2):
             errs[name] = _rel(jax.jit(step)(x, ws[name][0]), _reference(name, x, ws[name][0]))
             if not errs[name] <= TOL:
               failures.append(f"{name} {m}x{n}x{k}: rel. error {errs[name]:.3g} > {TOL}")
-          compiled[name] = (jax.jit(_chain(step, k)).lower(x, tuple(ws[name])).compile(), tuple(ws[name]))
+          compiled[name] = (jax.jit(chain_of(step, k)).lower(x, tuple(ws[name])).compile(), tuple(ws[name]))
         except Exception as e:  # noqa: BLE001 -- a peer without a lowering here (CPU) is skipped
           log(f"  {name} at {m}x{n}x{k}: skipped ({type(e).__name__}: {str(e).splitlines()[0][:120]})")
       stats = time_rounds({nm: (lambda c=c, w_=w_: c(x, w_)) for nm, (c, w_) in compiled.items()},
@@ -239,73 +237,38 @@ def markdown(meta, rows):
 
 
 def plot(path, rows):
-  try:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-  except ImportError:
+  made = shape_axes(rows)
+  if made is None:
     return None
-  shapes_ = sorted({(r["n"], r["k"]) for r in rows}, key=lambda s: (s[0] * s[1], s))
+  plt, fig, axes, shapes_ = made
   names = [nm for nm in (*OURS, "bf16") if any(nm in r["us"] for r in rows)]
-  fig, axes = plt.subplots(1, len(shapes_), figsize=(3.4 * len(shapes_), 3.4), sharey=True)
-  axes = np.atleast_1d(axes)
   for ax, (n, k) in zip(axes, shapes_):
     rs = sorted((r for r in rows if (r["n"], r["k"]) == (n, k)), key=lambda r: r["m"])
     for nm in names:
       pts = [(r["m"], ratio(r, nm)) for r in rs if ratio(r, nm) is not None]
       if pts:
         ax.plot(*zip(*pts), "o-" if nm.startswith("wo:") else "s--", ms=3, label=nm)
-    ax.axhline(1.0, color="gray", lw=0.8)
-    ax.set_xscale("log", base=2)
-    ax.set_title(f"{n} x {k}", fontsize=9)
-    ax.set_xlabel("M (tokens)")
-  axes[0].set_ylabel("speed vs XLA FP8 (x)")
-  axes[0].legend(fontsize=6)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-  return path
-
-
-def write(out_dir, meta, rows):
-  os.makedirs(out_dir, exist_ok=True)
-  base = os.path.join(out_dir, NAME)
-  with open(base + ".json", "w") as f:
-    json.dump(dict(meta=meta, rows=rows), f, indent=1)
-  with open(base + ".md", "w") as f:
-    f.write(markdown(meta, rows))
-  plot(base + ".png", rows)
+  return save_figure(plt, fig, axes, path)
 
 
 def main(argv=None):
-  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("--out", default="bench_out")
-  p.add_argument("--nk", default=DEFAULT_NK, help="comma list of NxK")
-  p.add_argument("--ms", default=DEFAULT_MS, help="comma list of M")
+  p = sweep_parser(__doc__, DEFAULT_NK, DEFAULT_MS)
   p.add_argument("--formats", default=",".join(OURS), help=f"comma list of {OURS}")
   p.add_argument("--repeats", type=int, default=5)
   p.add_argument("--rounds", type=int, default=2)
-  p.add_argument("--report", metavar="DIR", help="re-render DIR's JSON as markdown and PNG")
   a = p.parse_args(argv)
   if a.report:
-    with open(os.path.join(a.report, NAME + ".json")) as f:
-      data = json.load(f)
-    write(a.report, data["meta"], data["rows"])
-    return 0
-  nk = [tuple(int(v) for v in s.split("x")) for s in a.nk.split(",") if s]
-  ms = [int(v) for v in a.ms.split(",") if v]
+    return rerender(a.report, NAME, markdown, plot)
+  nk, ms = grid(a)
   formats = tuple(f for f in a.formats.split(",") if f)
   bad = [f for f in formats if f not in OURS]
   if bad:
     p.error(f"--formats: unknown {bad}; choose from {OURS}")
-  dev = jax.devices()[0]
-  meta = dict(date=datetime.date.today().isoformat(), device=f"{dev.device_kind} ({dev.platform})",
-              jax=jax.__version__, jax_gmma=jax_gmma.__version__,
-              xla_flags=os.environ.get("XLA_FLAGS", ""), chain=CHAIN, tol=TOL)
+  meta = sweep_meta(tol=TOL)
   t0 = time.time()
   rows, failures = measure(nk, ms, formats, lambda s: print(s, flush=True), a.repeats, a.rounds)
   meta["failures"] = failures
-  write(a.out, meta, rows)
+  write_sweep(a.out, NAME, meta, rows, markdown, plot)
   print(f"wrote {a.out}/{NAME}.{{json,md,png}} in {time.time() - t0:.0f} s")
   return exit_code(failures)
 

@@ -638,24 +638,19 @@ def test_kernel_k_not_multiple_of_128(fmt, k):
   _check(fmt, 5, 256, k, seed=k, out_dtype=jnp.float32, bias=True)
 
 
+#: (CTA shape, M) cases: every mma.sync decode shape at 1 / 9 / 33 tokens, every tensor-core
+#: shape at 17 / 70 / 128 (partial and whole token tiles).
+TILE_CASES = ([(c, m) for c in wo.CTA_SHAPES for m in (1, 9, 33)] +
+              [(c, m) for c in wo.TC_SHAPES for m in (17, 70, 128)])
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("cta", wo.CTA_SHAPES, ids=lambda c: "%dx%dk%d" % c)
-@pytest.mark.parametrize("m", [1, 9, 33])
+@pytest.mark.parametrize("cta,m", TILE_CASES, ids=lambda v: "%dx%dk%d" % v if isinstance(v, tuple) else str(v))
 def test_kernel_every_tile(fmt, cta, m):
   rows, tokens, k_warps = cta
-  # K = 1088: 17 K steps, not a multiple of any K split (ragged last steps per warp)
-  _check(fmt, m, 1024, 1088, seed=rows + tokens + k_warps + m, out_dtype=jnp.float32, rows=rows,
-         tokens=tokens, k_warps=k_warps)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("cta", wo.TC_SHAPES, ids=lambda c: "%dx%dk%d" % c)
-@pytest.mark.parametrize("m", [17, 70, 128])
-def test_tensor_core_kernel_every_tile(fmt, cta, m):
-  rows, tokens, k_warps = cta
-  # K = 1088: 17 K steps, ragged over every K split and over the 4-step weight ring
+  # K = 1088: 17 K steps, not a multiple of any K split (ragged last steps per warp / warp group,
+  # and over the tensor-core kernel's 4-step weight ring)
   _check(fmt, m, 1024, 1088, seed=rows + tokens + k_warps + m, out_dtype=jnp.float32, rows=rows,
          tokens=tokens, k_warps=k_warps)
 

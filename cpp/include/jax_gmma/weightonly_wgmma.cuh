@@ -184,9 +184,9 @@ __global__ void __launch_bounds__(128 * WR * WK) wo_tc_kernel(const WoParams p) 
       xr[j][1] = __ldg(src + 1);
     }
   };
-  auto store_x = [&](int64_t i) {
+  auto store_x = [&](int stage) {
     if (!x_mine) return;
-    const uint32_t base = smem_addr(ring + (i % kWoTcStages) * kStageBytes);
+    const uint32_t base = smem_addr(ring + stage * kStageBytes);
 #pragma unroll
     for (int j = 0; j < kPairs; ++j) {
       const uint32_t dst = base + xdst[j];
@@ -212,20 +212,22 @@ __global__ void __launch_bounds__(128 * WR * WK) wo_tc_kernel(const WoParams p) 
   for (int i = 0; i < NT / 2; ++i) acc[i] = 0.f;
   uint32_t a[2][4][4];
 
-  // Step i (slot u = i % D of the weight ring). Before the barrier this thread's stores of
-  // stage i are fenced; after it, every thread of the phase has stored stage i and retired
-  // step i - 2's wgmmas (wait_group 1 at the end of step i - 1), so stage (i + 1) % 3, last read
-  // by step i - 2, may be overwritten.
+  // Step i (slot u = i % D of the weight ring, activation stage i % 3). Before the barrier this
+  // thread's stores of stage i are fenced; after it, every thread of the phase has stored stage
+  // i and retired step i - 2's wgmmas (wait_group 1 at the end of step i - 1), so stage
+  // (i + 1) % 3, last read by step i - 2, may be overwritten.
+  int stage = 0;
   auto step = [&](int64_t i, int u) {
+    const int next = stage == kWoTcStages - 1 ? 0 : stage + 1;
     fence_async_shared();
     bar_sync(1 + wk, kPhaseThreads);
-    if (i + 1 < nsteps) store_x(i + 1);
+    if (i + 1 < nsteps) store_x(next);
     if (i + 2 < nsteps) load_x(i + 2);
     uint32_t f_lo, f_hi;
     Tile::scales(wring[u], f_lo, f_hi);
     Tile::slices(wring[u], f_lo, f_hi, a[u & 1]);
     if (i + D < nsteps) wring[u] = Tile::load(up, tile_of(i + D), lane);
-    const uint32_t sb = smem_addr(ring + (i % kWoTcStages) * kStageBytes);
+    const uint32_t sb = smem_addr(ring + stage * kStageBytes);
     fence_acc(acc);
     cute::warpgroup_arrive();
 #pragma unroll
@@ -233,6 +235,7 @@ __global__ void __launch_bounds__(128 * WR * WK) wo_tc_kernel(const WoParams p) 
     cute::warpgroup_commit_batch();
     cute::warpgroup_wait<1>();
     fence_acc(acc);
+    stage = next;
   };
   int64_t i0 = 0;
   for (; i0 + D <= nsteps; i0 += D) {
