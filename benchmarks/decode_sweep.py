@@ -15,6 +15,8 @@ Rows (every one takes a bf16 activation and gives bf16):
   wo:nvfp4, wo:mxfp4, wo:mxfp6_e2m3, wo:mxfp6_e3m2
                   jax_gmma.dot(x, weightonly.prepare(w, FORMAT)): the weight-only kernels (mma.sync
                   up to 16 tokens, wgmma beyond) or the prefill route, as "auto" picks
+  wo:FMT/kernel   (--wo-kernel) weightonly_gemm(x, w, path="kernel"): the kernels at every M,
+                  where "auto" takes a prefill route (from weightonly.PREFILL_MIN_M tokens)
   xla_fp8         x quantized per token in jnp, fp8 operands straight into lax.dot_general
                   (cuBLASLt FP8 GEMM), scales multiplied after: the anchor of every ratio
   bf16            lax.dot_general on bf16 operands
@@ -100,6 +102,7 @@ def goal(fmt: str, m: int):
 def floor_us(name: str, m: int, n: int, k: int) -> float:
   """The physical floor of one GEMM of row `name`: weight and activation bytes over HBM
   bandwidth, or FLOPs over the tensor-core rate of its operand type, whichever is larger."""
+  name = name.split("/")[0]
   nbytes = n * k * WEIGHT_BYTES[name] + 2 * m * (k + n)
   rate = TC_FLOPS["bf16" if name.startswith("wo:") or name == "bf16" else "fp8"]
   return 1e6 * max(nbytes / HBM_BPS, 2.0 * m * n * k / rate)
@@ -132,7 +135,11 @@ def _jnn_step(x, w):
   return jax.nn.scaled_matmul(a, w[0], sa, w[1], preferred_element_type=BF)[0]
 
 
-def measure(nk, ms, formats, log, repeats=5, rounds=2):
+def _wo_kernel_step(x, w):
+  return weightonly.weightonly_gemm(x, w, path="kernel")
+
+
+def measure(nk, ms, formats, log, repeats=5, rounds=2, wo_kernel=False):
   rows, failures = [], []
   warm_gpu(1.0)
   key = jax.random.PRNGKey(0)
@@ -153,14 +160,20 @@ def measure(nk, ms, formats, log, repeats=5, rounds=2):
     steps["xla_fp8"] = xla_fp8
     steps["bf16"] = lambda x, w: lax.dot_general(x, w, NT, preferred_element_type=BF)
     steps["jnn_mxfp8"] = _jnn_step
+    if wo_kernel:  # the weight-only kernel path at every M (auto takes a prefill route from 128)
+      for fmt in formats:
+        if fmt.startswith("wo:"):
+          steps[fmt + "/kernel"] = _wo_kernel_step
+          ws[fmt + "/kernel"] = ws[fmt]
     for m in ms:
       key, sk = jax.random.split(key)
       x = jax.random.normal(sk, (m, k), F32).astype(BF)
       errs, compiled = {}, {}
       for name, step in steps.items():
         try:
-          if name in formats:
-            errs[name] = _rel(jax.jit(step)(x, ws[name][0]), _reference(name, x, ws[name][0]))
+          if name.split("/")[0] in formats:
+            base = name.split("/")[0]
+            errs[name] = _rel(jax.jit(step)(x, ws[name][0]), _reference(base, x, ws[name][0]))
             if not errs[name] <= TOL:
               failures.append(f"{name} {m}x{n}x{k}: rel. error {errs[name]:.3g} > {TOL}")
           compiled[name] = (jax.jit(chain_of(step, k)).lower(x, tuple(ws[name])).compile(), tuple(ws[name]))
@@ -197,7 +210,8 @@ def misses(row, name):
 
 
 def markdown(meta, rows):
-  names = [nm for nm in (*OURS, "bf16", "jnn_mxfp8") if any(nm in r["us"] for r in rows)]
+  extra = sorted({nm for r in rows for nm in r["us"] if "/" in nm})
+  names = [nm for nm in (*OURS, *extra, "bf16", "jnn_mxfp8") if any(nm in r["us"] for r in rows)]
   out = ["# Batched-decode sweep: every weight format against XLA's FP8 dot", "",
          f"- date: {meta['date']}", f"- device: {meta['device']}",
          f"- jax {meta['jax']}, jax-gmma {meta['jax_gmma']}; XLA_FLAGS='{meta['xla_flags']}'",
@@ -256,6 +270,8 @@ def main(argv=None):
   p.add_argument("--formats", default=",".join(OURS), help=f"comma list of {OURS}")
   p.add_argument("--repeats", type=int, default=5)
   p.add_argument("--rounds", type=int, default=2)
+  p.add_argument("--wo-kernel", action="store_true",
+                 help="also time the weight-only kernel path at every M (rows wo:FMT/kernel)")
   a = p.parse_args(argv)
   if a.report:
     return rerender(a.report, NAME, markdown, plot)
@@ -266,7 +282,8 @@ def main(argv=None):
     p.error(f"--formats: unknown {bad}; choose from {OURS}")
   meta = sweep_meta(tol=TOL)
   t0 = time.time()
-  rows, failures = measure(nk, ms, formats, lambda s: print(s, flush=True), a.repeats, a.rounds)
+  rows, failures = measure(nk, ms, formats, lambda s: print(s, flush=True), a.repeats, a.rounds,
+                           a.wo_kernel)
   meta["failures"] = failures
   write_sweep(a.out, NAME, meta, rows, markdown, plot)
   print(f"wrote {a.out}/{NAME}.{{json,md,png}} in {time.time() - t0:.0f} s")

@@ -364,6 +364,7 @@ WoCta weightonly_tc_pick(int64_t m, int64_t n, int64_t k, WoScale scale) {
     c.rows = 64;
     c.k_warps = c.tokens == 32 ? 16 : (c.tokens == 64 ? 8 : 4);
   }
+  if (n / c.rows > 65535) return WoCta{};  // the grid's row blocks
   return c;
 }
 
@@ -392,6 +393,7 @@ const char* weightonly_check(const WoArgs& a) {
     if (wo_tc_shape_index(c.rows, c.tokens, c.k_warps) < 0)
       return "no tensor-core kernel for this CTA shape (rows_per_cta, tokens_per_cta, k_warps): see kWoTcShapes";
     if (a.n / 16 * (a.k / 64) > UINT32_MAX) return "weight too large";
+    if (a.n / c.rows > 65535) return "N too large (more than 65535 row blocks)";
   } else if (wo_cta_shape_index(c.rows, c.tokens, c.k_warps) < 0) {
     return "no kernel for this CTA shape (rows_per_cta, tokens_per_cta, k_warps): see kWoCtaShapes";
   }

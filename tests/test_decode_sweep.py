@@ -38,12 +38,13 @@ def test_tiny_sweep_writes_checked_results(tmp_path):
   out = tmp_path / "sweep"
   rc = decode_sweep.main(["--out", str(out), "--nk", "128x256", "--ms", "1,20",
                           "--formats", "fp8_channel,wo:nvfp4,wo:mxfp6_e2m3", "--repeats", "1",
-                          "--rounds", "1"])
+                          "--rounds", "1", "--wo-kernel"])
   assert rc == 0
   data = json.loads((out / "decode_sweep.json").read_text())
   assert [r["m"] for r in data["rows"]] == [1, 20] and data["meta"]["failures"] == []
   for r in data["rows"]:
-    assert set(r["rel_err"]) == {"fp8_channel", "wo:nvfp4", "wo:mxfp6_e2m3"}
+    assert set(r["rel_err"]) == {"fp8_channel", "wo:nvfp4", "wo:mxfp6_e2m3", "wo:nvfp4/kernel",
+                                 "wo:mxfp6_e2m3/kernel"}
     assert max(r["rel_err"].values()) < decode_sweep.TOL
     assert {"fp8_channel", "wo:nvfp4", "xla_fp8", "bf16"} <= set(r["us"])
   md = (out / "decode_sweep.md").read_text()

@@ -473,6 +473,9 @@ def test_pick_cta():
   # N a multiple of 64 but not of 128: 64 rows; not of 64: the decode kernel's shapes
   assert wo.pick_cta(64, 16 * 1028, 8192, "nvfp4") == (64, 64, 8)
   assert wo.pick_cta(64, 16 * 3, 256, "nvfp4") == (16, 16, 8)
+  # more than 65535 row blocks: the decode kernel's shapes
+  assert wo.pick_cta(64, 128 * 65535, 256, "nvfp4") == (128, 64, 4)
+  assert wo.pick_cta(64, 256 * 65536, 256, "nvfp4")[1] == 16
   # FP6
   assert wo.pick_cta(1, 28672, 8192, "mxfp6_e2m3") == (16, 8, 8)
   assert wo.pick_cta(1, 8192, 28672, "mxfp6_e3m2") == (32, 8, 8)

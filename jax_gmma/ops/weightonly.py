@@ -249,6 +249,8 @@ MX_CODE_RANGE = {"mxfp4": (12, 138), "mxfp6_e2m3": (7, 138), "mxfp6_e3m2": (8, 1
 MAX_DIM = 2 ** 31 - 1
 #: The decode kernel's grid has at most this many token tiles (CUDA's grid y limit).
 MAX_TOKEN_TILES = 65535
+#: The tensor-core kernel's grid holds at most this many row blocks (N / rows per CTA).
+MAX_ROW_BLOCKS = 65535
 #: Float weights prepare() quantizes.
 W_DTYPES = (shapes.BF16, shapes.F16, shapes.F32, np.dtype(np.float64))
 
@@ -1069,6 +1071,8 @@ def pick_tc(m: int, n: int) -> Optional[tuple]:
     if n % 64:
       return None
     rows, kw = 64, {32: 16, 64: 8, 128: 4}[tokens]
+  if n // rows > MAX_ROW_BLOCKS:
+    return None
   return rows, tokens, kw
 
 
@@ -1272,6 +1276,9 @@ def _gemm(x, w, *, x_scale, bias, out_dtype, rows, tokens, k_warps, path, who):
                      f"{(rows, tokens, k_warps)}; built shapes: {CTA_SHAPES + TC_SHAPES}")
   if w.n % rows:
     raise ValueError(f"{who}: rows = {rows} must divide N = {w.n}")
+  if tokens >= 32 and w.n // rows > MAX_ROW_BLOCKS:
+    raise ValueError(f"{who}: the tensor-core kernel takes at most {MAX_ROW_BLOCKS} blocks of "
+                     f"{rows} rows; N = {w.n} (use fewer tokens per CTA or more rows)")
   if path == "kernel" and concrete and -(-m // tokens) > MAX_TOKEN_TILES:
     raise ValueError(f"{who}: x has M = {m} tokens; path='kernel' takes at most "
                      f"{MAX_TOKEN_TILES * tokens} with {tokens} tokens per CTA (use path='dequant')")

@@ -152,8 +152,10 @@ __global__ void __launch_bounds__(128 * WR * WK) wo_tc_kernel(const WoParams p) 
   const int warp = (tid / 32) % 4, lane = tid & 31;
   const int g = lane >> 2, t = lane & 3;
   const int64_t ksteps = p.k / 64;
-  const int64_t strip = static_cast<int64_t>(blockIdx.x) * (4 * WR) + wr * 4 + warp;
-  const int64_t tok0 = static_cast<int64_t>(blockIdx.y) * NT;
+  // Token tiles vary fastest over the grid: the CTAs of one weight row block run together, so
+  // the second and later token tiles read the weight from L2.
+  const int64_t strip = static_cast<int64_t>(blockIdx.y) * (4 * WR) + wr * 4 + warp;
+  const int64_t tok0 = static_cast<int64_t>(blockIdx.x) * NT;
   UnpackParams up{};
   up.w = p.w;
   up.s = p.s;
@@ -274,7 +276,7 @@ __global__ void __launch_bounds__(128 * WR * WK) wo_tc_kernel(const WoParams p) 
   const float alpha0 = 1024.f * (p.w_global ? *p.w_global : 1.f);  // 2^10 undoes the decode's 2^-10
   const OutT* bias = static_cast<const OutT*>(p.bias);
   OutT* d = static_cast<OutT*>(p.d);
-  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kRows + row_base;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kRows + row_base;
   float b_lo = 0.f, b_hi = 0.f;
   if (bias) {
     b_lo = to_float<OutT>(bias[n0]);
@@ -290,8 +292,8 @@ __global__ void __launch_bounds__(128 * WR * WK) wo_tc_kernel(const WoParams p) 
   }
 }
 
-// Host: one launch of the tensor-core kernel for kWoTcShapes row `index` (grid N / (64 WR) x
-// ceil(M / NT); dynamic shared memory below 48 KiB).
+// Host: one launch of the tensor-core kernel for kWoTcShapes row `index` (grid ceil(M / NT) x
+// N / (64 WR); dynamic shared memory below 48 KiB).
 template <class Tile, typename OutT, int D, int I = 0>
 cudaError_t launch_tc(const WoArgs& a, int index, cudaStream_t stream) {
   if constexpr (I >= kWoTcShapeCount) {
@@ -299,7 +301,7 @@ cudaError_t launch_tc(const WoArgs& a, int index, cudaStream_t stream) {
   } else {
     if (index != I) return launch_tc<Tile, OutT, D, I + 1>(a, index, stream);
     constexpr WoTcShape s = kWoTcShapes[I];
-    const dim3 grid(static_cast<unsigned>(a.n / s.rows()), static_cast<unsigned>((a.m + s.nt - 1) / s.nt));
+    const dim3 grid(static_cast<unsigned>((a.m + s.nt - 1) / s.nt), static_cast<unsigned>(a.n / s.rows()));
     wo_tc_kernel<s.nt, s.wr, s.wk, Tile, OutT, D>
         <<<grid, s.threads(), wo_tc_smem_bytes(s), stream>>>(make_params(a));
     return cudaGetLastError();
