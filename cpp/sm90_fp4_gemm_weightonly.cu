@@ -172,7 +172,7 @@ __global__ void JAX_GMMA_WO_BOUNDS(WK * WR * 32) wo_gemm_kernel(const WoParams p
 // The grouped kernel (mixture-of-experts; wo_grouped in weightonly_common.cuh).
 template <int RS, int NT, int WK, int WR, WoScale S, typename OutT, int D>
 __global__ void __launch_bounds__(WK * WR * 32) wo_grouped_kernel(const WoGroupedParams gp) {
-  wo_grouped<RS, NT, WK, WR, OutT>(gp, [](const WoParams& q, int64_t tok0) {
+  wo_grouped<16 * RS * WR, 8 * NT, OutT>(gp, [](const WoParams& q, int64_t tok0) {
     wo_gemm_tile<RS, NT, WK, WR, S, OutT, D>(q, blockIdx.x, tok0);
   });
 }
@@ -243,6 +243,8 @@ cudaError_t dispatch_tile(const WoArgs& a, const WoCta& c, cudaStream_t stream) 
 
 template <WoScale S, typename OutT>
 cudaError_t dispatch_grouped(const WoArgs& a, const WoGroups& gr, const WoCta& c, cudaStream_t stream) {
+  if (c.tokens >= 32)  // the tensor-core kernel (weightonly_wgmma.cuh)
+    return launch_tc<Fp4Tile<S>, OutT, kWoTcDepth>(a, wo_tc_shape_index(c.rows, c.tokens, c.k_warps), stream, &gr);
   return dispatch_grouped_shape(c, [&](auto rs, auto nt, auto wk, auto wr) {
     constexpr int RS = decltype(rs)::value, NT = decltype(nt)::value;
     constexpr int WK = decltype(wk)::value, WR = decltype(wr)::value;
@@ -254,10 +256,19 @@ cudaError_t dispatch_grouped(const WoArgs& a, const WoGroups& gr, const WoCta& c
 }  // namespace
 
 WoCta weightonly_grouped_pick(int64_t m, int64_t n, int64_t k, int64_t groups, WoScale scale) {
-  // A first rule, not yet measured on grouped problems: the dense pick for the rows an expert
-  // slot averages and N times the slots (the CTAs in flight), restricted to kWoGroupedShapes.
+  // A first rule, not yet measured on grouped problems: from 17 rows an expert slot averages,
+  // the tensor-core kernel's pick for them; below, the decode pick for those rows and N times
+  // the slots (the CTAs in flight), restricted to kWoGroupedShapes.
   const int64_t slots = std::max<int64_t>(std::min(groups, m), 1);
   const int64_t per_expert = (m + slots - 1) / slots;
+  if (per_expert > 16 && n % 64 == 0) {  // the grouped tensor-core shapes (wo_tc_grouped_shape)
+    WoCta tc;
+    tc.tokens = per_expert > 64 && n % 128 == 0 ? 128 : 64;
+    const bool wide = n % 128 == 0 && (tc.tokens == 128 || n / 16 >= 1024);
+    tc.rows = wide ? 128 : 64;
+    tc.k_warps = wide ? 4 : 8;
+    if (n / tc.rows <= 65535) return tc;
+  }
   const WoCta dense = weightonly_decode_pick(per_expert, n * slots, k, scale);
   WoCta c;
   c.rows = 16;
@@ -271,8 +282,11 @@ const char* weightonly_grouped_check(const WoArgs& a, const WoGroups& g) {
   if (const char* why = weightonly_check(a)) return why;
   if (!g.sizes || !g.row_ids || g.count < 1) return "the grouped kernel needs group sizes, row_ids and G >= 1";
   if (g.count > 65534) return "G must be at most 65534";
-  if (!wo_grouped_shape(weightonly_grouped_pick(a.m, a.n, a.k, g.count, a.scale)))
+  const WoCta c = weightonly_grouped_pick(a.m, a.n, a.k, g.count, a.scale);
+  if (c.tokens >= 32 ? !wo_tc_grouped_shape_index(wo_tc_shape_index(c.rows, c.tokens, c.k_warps))
+                     : !wo_grouped_shape(c))
     return "no grouped kernel for the picked CTA shape";
+  if (c.tokens >= 32 && a.n / 16 * (a.k / 64) > UINT32_MAX) return "weight too large";
   return nullptr;
 }
 

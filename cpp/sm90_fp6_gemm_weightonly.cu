@@ -222,7 +222,7 @@ __global__ void __launch_bounds__(WK * WR * 32) wo6_gemm_kernel(const WoParams p
 // The grouped kernel (mixture-of-experts; wo_grouped in weightonly_common.cuh).
 template <int RS, int NT, int WK, int WR, WoScale S, typename OutT, int D>
 __global__ void __launch_bounds__(WK * WR * 32) wo6_grouped_kernel(const WoGroupedParams gp) {
-  wo_grouped<RS, NT, WK, WR, OutT>(gp, [](const WoParams& q, int64_t tok0) {
+  wo_grouped<16 * RS * WR, 8 * NT, OutT>(gp, [](const WoParams& q, int64_t tok0) {
     wo6_gemm_tile<RS, NT, WK, WR, S, OutT, D>(q, blockIdx.x, tok0);
   });
 }
@@ -288,6 +288,8 @@ cudaError_t dispatch_out(const WoArgs& a, const WoCta& c, cudaStream_t stream) {
 
 template <WoScale S, typename OutT>
 cudaError_t dispatch_grouped(const WoArgs& a, const WoGroups& gr, const WoCta& c, cudaStream_t stream) {
+  if (c.tokens >= 32)  // the tensor-core kernel (weightonly_wgmma.cuh)
+    return launch_tc<Fp6Tile<S>, OutT, kWo6TcDepth>(a, wo_tc_shape_index(c.rows, c.tokens, c.k_warps), stream, &gr);
   return dispatch_grouped_shape(c, [&](auto rs, auto nt, auto wk, auto wr) {
     constexpr int RS = decltype(rs)::value, NT = decltype(nt)::value;
     constexpr int WK = decltype(wk)::value, WR = decltype(wr)::value;

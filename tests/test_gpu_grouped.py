@@ -134,6 +134,15 @@ def test_packed_experts(fmt, m):
   run_case(fmt, m, 208, 400, (m // 4, 0, m // 2, m // 8))
 
 
+@pytest.mark.parametrize("fmt", PACKED)
+@pytest.mark.parametrize("m,sizes", ((70, (30, 0, 40)), (130, (5, 120, 5)), (600, (150, 0, 300, 130))))
+def test_packed_experts_tensor_core(fmt, m, sizes):
+  # From 17 rows per expert slot on average the grouped tensor-core kernel (64 / 128 tokens per
+  # tile): experts over several token tiles next to experts of a few rows, an empty expert, K off
+  # the 64-K tile, rows past the total
+  run_case(fmt, m, 256, 400, sizes, bias=True)
+
+
 @pytest.mark.parametrize("x_format", ("fp8_channel", "fp8_tensor"))
 def test_packed_experts_fp8_x(x_format):
   run_case("mxfp4", 33, 96, 256, (10, 0, 20), x_format=x_format)

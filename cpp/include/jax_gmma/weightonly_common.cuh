@@ -337,9 +337,8 @@ struct WoGroupedParams {
 
 // The body of a grouped kernel: `tile(q, tok0)` runs one CTA tile (the dense kernel's body) on
 // expert parameters q for tokens tok0 .. tok0 + 8 NT - 1.
-template <int RS, int NT, int WK, int WR, typename OutT, class Tile>
+template <int kCtaRows, int kTileTokens, typename OutT, class Tile>
 __device__ __forceinline__ void wo_grouped(const WoGroupedParams& gp, Tile&& tile) {
-  constexpr int kCtaRows = 16 * RS * WR;
   const WoParams& p = gp.p;
   const int64_t r0 = __ldg(gp.groups.row_ids);
   const bool fill = blockIdx.y == gridDim.y - 1;
@@ -358,7 +357,7 @@ __device__ __forceinline__ void wo_grouped(const WoGroupedParams& gp, Tile&& til
   q.s = p.s + s.expert * gp.s_expert;
   if (p.w_global) q.w_global = p.w_global + s.expert;
   if (p.bias) q.bias = static_cast<const OutT*>(p.bias) + s.expert * p.n;
-  for (int64_t tok0 = lo; tok0 < hi; tok0 += NT * 8) {
+  for (int64_t tok0 = lo; tok0 < hi; tok0 += kTileTokens) {
     tile(q, tok0);
     __syncthreads();  // the next tile reuses the reduction's shared memory
   }
@@ -375,13 +374,17 @@ inline bool wo_grouped_shape(const WoCta& c) {
 }
 
 // Host: one launch of a grouped kernel (grid: N / (16 RS WR) x the expert slots).
+inline WoGroupedParams make_grouped_params(const WoArgs& a, const WoGroups& gr) {
+  return WoGroupedParams{make_params(a), {gr.sizes, gr.row_ids, gr.count},
+                         a.n / 16 * (a.k / 64) * weightonly_tile_bytes(a.scale),
+                         a.n / 16 * (a.k / 64) * weightonly_scale_bytes(a.scale)};
+}
+
 template <int RS, int NT, int WK, int WR>
 cudaError_t launch_grouped_tile(const WoArgs& a, const WoGroups& gr, cudaStream_t stream,
                                 void (*kernel)(WoGroupedParams)) {
   constexpr int kCtaRows = 16 * RS * WR;
-  const WoGroupedParams gp{make_params(a), {gr.sizes, gr.row_ids, gr.count},
-                           a.n / 16 * (a.k / 64) * weightonly_tile_bytes(a.scale),
-                           a.n / 16 * (a.k / 64) * weightonly_scale_bytes(a.scale)};
+  const WoGroupedParams gp = make_grouped_params(a, gr);
   const dim3 grid(static_cast<unsigned>(a.n / kCtaRows),
                   static_cast<unsigned>(groups::slots(gp.groups, a.m)));
   kernel<<<grid, WK * WR * 32, 0, stream>>>(gp);

@@ -53,6 +53,13 @@ constexpr WoTcShape kWoTcShapes[] = {
 constexpr int kWoTcShapeCount = static_cast<int>(sizeof(kWoTcShapes) / sizeof(kWoTcShapes[0]));
 constexpr int kWoTcStages = 3;
 
+// The shapes built as grouped kernels too: within 256 threads (the grouped slot loop costs
+// registers; at 512 threads the tiles spill).
+constexpr bool wo_tc_grouped_shape(WoTcShape s) { return s.threads() <= 256 && !(s.nt == 128 && s.wr == 1); }
+inline bool wo_tc_grouped_shape_index(int index) {
+  return index >= 0 && index < kWoTcShapeCount && wo_tc_grouped_shape(kWoTcShapes[index]);
+}
+
 // Dynamic shared memory of a shape: the activation rings of the WK phases, reused at the end for
 // the partial sums of phases 1 .. WK - 1. Kept within the 48 KiB that needs no opt-in (no
 // per-device function attribute to set).
@@ -137,8 +144,11 @@ __device__ __forceinline__ void fence_acc(float (&d)[N]) {
 
 // The kernel. Tile is the format's view of a prepared 16 x 64 tile (Fp4Tile / Fp6Tile: load,
 // scales, slices; see wo_unpack_kernel), D the weight prefetch depth (even).
+// One CTA tile: weight rows [64 WR row_block, 64 WR (row_block + 1)) x tokens [tok0, tok0 + NT)
+// (rows from p.m on read row p.m - 1 and are not stored). Dynamic shared memory:
+// wo_tc_smem_bytes of the shape.
 template <int NT, int WR, int WK, class Tile, typename OutT, int D>
-__global__ void __launch_bounds__(128 * WR * WK) wo_tc_kernel(const WoParams p) {
+__device__ __forceinline__ void wo_tc_tile(const WoParams& p, int64_t row_block, int64_t tok0) {
   static_assert(D % 2 == 0, "the A fragments are double-buffered by step parity");
   constexpr int kStageBytes = NT * 128;               // NT tokens x 64 K, bf16
   constexpr int kPhaseThreads = 128 * WR;             // threads of one K phase
@@ -152,10 +162,7 @@ __global__ void __launch_bounds__(128 * WR * WK) wo_tc_kernel(const WoParams p) 
   const int warp = (tid / 32) % 4, lane = tid & 31;
   const int g = lane >> 2, t = lane & 3;
   const int64_t ksteps = p.k / 64;
-  // Token tiles vary fastest over the grid: the CTAs of one weight row block run together, so
-  // the second and later token tiles read the weight from L2.
-  const int64_t strip = static_cast<int64_t>(blockIdx.y) * (4 * WR) + wr * 4 + warp;
-  const int64_t tok0 = static_cast<int64_t>(blockIdx.x) * NT;
+  const int64_t strip = row_block * (4 * WR) + wr * 4 + warp;
   UnpackParams up{};
   up.w = p.w;
   up.s = p.s;
@@ -276,7 +283,7 @@ __global__ void __launch_bounds__(128 * WR * WK) wo_tc_kernel(const WoParams p) 
   const float alpha0 = 1024.f * (p.w_global ? *p.w_global : 1.f);  // 2^10 undoes the decode's 2^-10
   const OutT* bias = static_cast<const OutT*>(p.bias);
   OutT* d = static_cast<OutT*>(p.d);
-  const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kRows + row_base;
+  const int64_t n0 = row_block * kRows + row_base;
   float b_lo = 0.f, b_hi = 0.f;
   if (bias) {
     b_lo = to_float<OutT>(bias[n0]);
@@ -292,18 +299,47 @@ __global__ void __launch_bounds__(128 * WR * WK) wo_tc_kernel(const WoParams p) 
   }
 }
 
-// Host: one launch of the tensor-core kernel for kWoTcShapes row `index` (grid ceil(M / NT) x
-// N / (64 WR); dynamic shared memory below 48 KiB).
+// The dense kernel. Token tiles vary fastest over the grid: the CTAs of one weight row block run
+// together, so the second and later token tiles read the weight from L2.
+template <int NT, int WR, int WK, class Tile, typename OutT, int D>
+__global__ void __launch_bounds__(128 * WR * WK) wo_tc_kernel(const WoParams p) {
+  wo_tc_tile<NT, WR, WK, Tile, OutT, D>(p, blockIdx.y, static_cast<int64_t>(blockIdx.x) * NT);
+}
+
+// The grouped kernel (mixture-of-experts; wo_grouped in weightonly_common.cuh): grid x = the row
+// blocks, y = the expert slots; a slot runs its expert's token tiles one after another.
+template <int NT, int WR, int WK, class Tile, typename OutT, int D>
+__global__ void __launch_bounds__(128 * WR * WK) wo_tc_grouped_kernel(const WoGroupedParams gp) {
+  wo_grouped<64 * WR, NT, OutT>(gp, [](const WoParams& q, int64_t tok0) {
+    wo_tc_tile<NT, WR, WK, Tile, OutT, D>(q, blockIdx.x, tok0);
+  });
+}
+
+// Host: one launch of the tensor-core kernel for kWoTcShapes row `index`, dense (grid
+// ceil(M / NT) x N / (64 WR)) or grouped (gr: grid N / (64 WR) x the expert slots); dynamic shared
+// memory below 48 KiB.
 template <class Tile, typename OutT, int D, int I = 0>
-cudaError_t launch_tc(const WoArgs& a, int index, cudaStream_t stream) {
+cudaError_t launch_tc(const WoArgs& a, int index, cudaStream_t stream, const WoGroups* gr = nullptr) {
   if constexpr (I >= kWoTcShapeCount) {
     return cudaErrorInvalidValue;
   } else {
-    if (index != I) return launch_tc<Tile, OutT, D, I + 1>(a, index, stream);
+    if (index != I) return launch_tc<Tile, OutT, D, I + 1>(a, index, stream, gr);
     constexpr WoTcShape s = kWoTcShapes[I];
-    const dim3 grid(static_cast<unsigned>((a.m + s.nt - 1) / s.nt), static_cast<unsigned>(a.n / s.rows()));
-    wo_tc_kernel<s.nt, s.wr, s.wk, Tile, OutT, D>
-        <<<grid, s.threads(), wo_tc_smem_bytes(s), stream>>>(make_params(a));
+    const unsigned blocks = static_cast<unsigned>(a.n / s.rows());
+    if (gr) {
+      if constexpr (wo_tc_grouped_shape(s)) {
+        const WoGroupedParams gp = make_grouped_params(a, *gr);
+        wo_tc_grouped_kernel<s.nt, s.wr, s.wk, Tile, OutT, D>
+            <<<dim3(blocks, static_cast<unsigned>(groups::slots(gp.groups, a.m))), s.threads(),
+               wo_tc_smem_bytes(s), stream>>>(gp);
+      } else {
+        return cudaErrorInvalidValue;  // not built grouped (weightonly_grouped_check refuses it)
+      }
+    } else {
+      wo_tc_kernel<s.nt, s.wr, s.wk, Tile, OutT, D>
+          <<<dim3(static_cast<unsigned>((a.m + s.nt - 1) / s.nt), blocks), s.threads(),
+             wo_tc_smem_bytes(s), stream>>>(make_params(a));
+    }
     return cudaGetLastError();
   }
 }
