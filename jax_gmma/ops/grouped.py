@@ -37,9 +37,12 @@ group sizes on the device, then one persistent grouped kernel; 64- or 128-row ti
 makes the whole result NaN (the kernels do not sum the overlapping groups
 ``jax.lax.ragged_dot`` defines for it). MXFP8 and per-channel experts stream at every M (at
 prefill sizes re-reading each expert's weights per 16 tokens). FP4 / FP6 experts (PackedWeight: nvfp4, mxfp4,
-mxfp6_e2m3, mxfp6_e3m2) run the grouped form of the weight-only decode kernel (FFI call
+mxfp6_e2m3, mxfp6_e3m2) run the grouped form of the weight-only kernels (FFI call
 ``jax_gmma_weightonly_grouped_gemm``): x in bfloat16 (an FP8 QuantizedArray x widened exactly,
-its scale applied in the epilogue), the weights widened in registers, the same expert slots.
+its scale applied in the epilogue), the weights widened in registers, the same expert slots; the
+mma.sync decode kernel (8 / 16 tokens per tile) while the expert slots average at most 16 rows,
+the tensor-core one (the widened weights as wgmma's register operand, 64 / 128 tokens per tile)
+from 17.
 
 Sharded operands under ``jax.jit`` (:mod:`jax_gmma.sharding`, as for the dense GEMMs): the op
 is partitioned, not gathered, along
