@@ -79,12 +79,11 @@ _EXAMPLES = os.path.join(os.path.dirname(_HERE), "examples")
 
 # bench_fp8 sets XLA_PYTHON_CLIENT_PREALLOCATE=false and imports jax_gmma (from this checkout
 # when it is not installed).
-from bench_fp8 import BF16, F32, F8, F8_MAX, TN, ROTATE_BYTES, exit_code, md_tail, time_jax, warm_gpu  # noqa: E402
+from bench_fp8 import (BF16, F32, F8, F8_MAX, TN, ROTATE_BYTES, RunBase, exit_code, list_arg,  # noqa: E402
+                       md_tail, render_only, report_parser, save_plot, time_jax, write_report)
 
-import argparse  # noqa: E402
 import datetime  # noqa: E402
 import gc  # noqa: E402
-import json  # noqa: E402
 import math  # noqa: E402
 import platform  # noqa: E402
 import re  # noqa: E402
@@ -130,16 +129,9 @@ TINY_LLAMA_FORMATS = ("bf16", "fp8_channel")
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 
 
-class Run:
+class Run(RunBase):
   def __init__(self, args):
-    self.args = args
-    self.rows: list = []
-    self.failures: list = []
-    self.notes: list = []
-    self.target_s = args.repeat_ms * 1e-3
-    self.dev = jax.devices()[0]
-    self.backend = jax.default_backend()
-    self.on_gpu = bool(_backend.cuda_devices())
+    super().__init__(args)
     self.rng = np.random.default_rng(args.seed)
     self.check_rows = None  # the output rows every cell checks (bench_gemms)
     self.refs: dict = {}    # (format, K ranges) -> float64 reference rows
@@ -509,65 +501,30 @@ def plot(path, rows):
     ax.set_title(f"{split}-parallel", fontsize=10)
     ax.set_xticks(sorted({r["devices"] for r in gem}))
     ax.legend(fontsize=7)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-  return None
-
-
-def write(out_dir, data, no_plot=False):
-  os.makedirs(out_dir, exist_ok=True)
-  base = os.path.join(out_dir, NAME)
-  png = None
-  if not no_plot:
-    why = plot(base + ".png", data["rows"])
-    if why:
-      data["notes"].append(why)
-    else:
-      png = base + ".png"
-  md = markdown(data)
-  with open(base + ".json", "w") as f:
-    json.dump(data, f, indent=1, default=str)
-  with open(base + ".md", "w") as f:
-    f.write(md + "\n")
-  return md, png
+  return save_plot(plt, fig, path)
 
 
 # -- main -------------------------------------------------------------------------------------
 
-def _list(kind):
-  def parse(text):
-    try:
-      return tuple(kind(v) for v in text.split(",") if v.strip())
-    except ValueError:
-      raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list") from None
-  return parse
-
-
 def parse_args(argv=None):
-  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--out", "--report", dest="out", default="bench_out",
-                 help=f"output directory for {NAME}.{{json,md,png}} (default bench_out/)")
-  p.add_argument("--render-only", action="store_true",
-                 help=f"measure nothing: re-render OUT/{NAME}.json as markdown and PNG")
+  p = report_parser(__doc__, NAME)
   p.add_argument("--tiny", action="store_true",
                  help=f"M x N x K = {' x '.join(map(str, TINY_MNK))}, 2 repeats of >= 1 ms, the "
                       "tiny-tp llama preset (one layer): the CPU smoke run")
-  p.add_argument("--devices", type=_list(int), default=DEVICES,
+  p.add_argument("--devices", type=list_arg(int), default=DEVICES,
                  help="device counts D (default 1,2,4; those beyond the visible devices are skipped)")
   p.add_argument("--m", type=int, default=None, help=f"tokens M (default {DEFAULT_MNK[0]})")
   p.add_argument("--n", type=int, default=None, help=f"output features N (default {DEFAULT_MNK[1]})")
   p.add_argument("--k", type=int, default=None, help=f"contraction K (default {DEFAULT_MNK[2]})")
-  p.add_argument("--formats", type=_list(str), default=FORMATS, help=f"comma list of {', '.join(FORMATS)}")
-  p.add_argument("--splits", type=_list(str), default=SPLITS, help="column,row (default both)")
+  p.add_argument("--formats", type=list_arg(str), default=FORMATS, help=f"comma list of {', '.join(FORMATS)}")
+  p.add_argument("--splits", type=list_arg(str), default=SPLITS, help="column,row (default both)")
   p.add_argument("--repeats", type=int, default=None, help="timed repeats, median reported (default 10)")
   p.add_argument("--repeat-ms", type=float, default=None, help="minimum length of a repeat in ms (default 20)")
   p.add_argument("--llama", action="store_true",
                  help="also time examples/llama_decode.py's decode loop with --tensor-parallel D")
   p.add_argument("--llama-preset", default=None, help="llama_decode preset (default llama3-70b; --tiny: tiny-tp)")
   p.add_argument("--llama-layers", type=int, default=None, help="decoder layers (default 2; --tiny 1)")
-  p.add_argument("--llama-formats", type=_list(str), default=None,
+  p.add_argument("--llama-formats", type=list_arg(str), default=None,
                  help=f"llama_decode formats (default {','.join(LLAMA_FORMATS)}; --tiny "
                       f"{','.join(TINY_LLAMA_FORMATS)})")
   p.add_argument("--llama-batch", type=int, default=1, help="sequences decoded together (default 1)")
@@ -605,11 +562,7 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
   args = parse_args(argv)
   if args.render_only:
-    with open(os.path.join(args.out, NAME + ".json")) as f:
-      data = json.load(f)
-    md, _ = write(args.out, data, args.no_plot)
-    print(md)
-    return 0
+    return render_only(args, NAME, markdown, plot)
   run = Run(args)
   visible = len(jax.devices())
   devices = tuple(sorted({d for d in args.devices if d <= visible}))
@@ -622,12 +575,7 @@ def main(argv=None) -> int:
     return 2
   run.log(f"device: {visible} x {run.dev.device_kind} (backend={run.backend}), jax {jax.__version__}, "
           f"kernels built: {_backend.kernels_built()}, NCCL_NVLS_ENABLE={os.environ.get('NCCL_NVLS_ENABLE')}")
-  if not run.on_gpu:
-    run.notes.append("no GPU: jax_gmma.dot runs its pure-JAX reference (path 'reference'), XLA "
-                     "computes the fp8 dots in software; the times check the plumbing only")
-  t_start = time.perf_counter()
-  if run.on_gpu:
-    warm_gpu()
+  t_start = run.begin("jax_gmma.dot")
   try:
     bench_gemms(run, devices, args.m, args.n, args.k)
   except Exception:  # noqa: BLE001
@@ -651,7 +599,7 @@ def main(argv=None) -> int:
       llama_batch=args.llama_batch, llama_formats=list(args.llama_formats),
       wall_s=round(time.perf_counter() - t_start, 1))
   data = dict(meta=meta, rows=run.rows, notes=run.notes, failures=run.failures)
-  md, png = write(args.out, data, args.no_plot)
+  md, png = write_report(args.out, NAME, data, markdown, plot, args.no_plot)
   print()
   print(md)
   print(f"wrote {args.out}/{NAME}.json, {NAME}.md{', ' + NAME + '.png' if png else ''} ({meta['wall_s']} s)")

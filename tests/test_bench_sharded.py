@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from _examples import load_benchmark
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "benchmarks", "bench_sharded.py")
@@ -16,16 +17,7 @@ FORMATS = {"bf16", "xla_fp8", "fp8_channel", "fp8_128x128", "mxfp8", "wo_nvfp4"}
 
 
 def _load():
-  """benchmarks/bench_sharded.py as a module (its directory on sys.path while it imports)."""
-  sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-  try:
-    spec = importlib.util.spec_from_file_location("bench_sharded_under_test", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-  finally:
-    sys.path.pop(0)
+  return load_benchmark("bench_sharded.py", "bench_sharded_under_test")
 
 
 def _env():
