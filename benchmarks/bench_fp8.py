@@ -387,7 +387,9 @@ class TorchPeer:
 
 # -- run context ----------------------------------------------------------------------------
 
-class Run:
+class RunBase:
+  """What every benchmark run holds: its arguments, result rows, failures and notes, the device
+  and backend, and the timing target per sample."""
   def __init__(self, args):
     self.args = args
     self.rows: list = []
@@ -397,6 +399,22 @@ class Run:
     self.dev = jax.devices()[0]
     self.backend = jax.default_backend()
     self.on_gpu = bool(_backend.cuda_devices())
+
+  def begin(self, op: str) -> float:
+    """The start of the measurements: a note when there is no GPU (`op` then runs its pure-JAX
+    reference), the GPU warmed; returns the start time."""
+    if not self.on_gpu:
+      self.notes.append(f"no GPU: {op} runs its pure-JAX reference (path 'reference'), XLA computes "
+                        "the fp8 dots in software; the times check the plumbing only")
+    t = time.perf_counter()
+    if self.on_gpu:
+      warm_gpu()
+    return t
+
+
+class Run(RunBase):
+  def __init__(self, args):
+    super().__init__(args)
     self.sm_count = int(getattr(self.dev, "core_count", 0) or 0) if self.on_gpu else 0
     self.key = jax.random.PRNGKey(args.seed)
     self._key_counter = 0
@@ -986,6 +1004,64 @@ def markdown(meta, rows, notes, failures) -> str:
     L.append("")
   L += md_tail(notes, failures)
   return "\n".join(L)
+
+
+def write_report(out_dir, name, data, markdown_fn, plot_fn, no_plot=False):
+  """DIR/NAME.json (data), .md (markdown_fn(data)) and .png (plot_fn(path, data["rows"]), which
+  returns None or why it drew nothing: a note). Returns (markdown, png path or None)."""
+  os.makedirs(out_dir, exist_ok=True)
+  base = os.path.join(out_dir, name)
+  png = None
+  if not no_plot:
+    why = plot_fn(base + ".png", data["rows"])
+    if why:
+      data["notes"].append(why)
+    else:
+      png = base + ".png"
+  md = markdown_fn(data)
+  with open(base + ".json", "w") as f:
+    json.dump(data, f, indent=1, default=str)
+  with open(base + ".md", "w") as f:
+    f.write(md + "\n")
+  return md, png
+
+
+def report_parser(doc, name):
+  """An argument parser with the report options: --out (alias --report) and --render-only."""
+  p = argparse.ArgumentParser(description=doc.split("\n\n")[0],
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--out", "--report", dest="out", default="bench_out",
+                 help=f"output directory for {name}.{{json,md,png}} (default bench_out/)")
+  p.add_argument("--render-only", action="store_true",
+                 help=f"measure nothing: re-render OUT/{name}.json as markdown and PNG")
+  return p
+
+
+def render_only(args, name, markdown_fn, plot_fn) -> int:
+  """--render-only: OUT/NAME.json re-rendered as markdown (printed) and PNG."""
+  with open(os.path.join(args.out, name + ".json")) as f:
+    data = json.load(f)
+  md, _ = write_report(args.out, name, data, markdown_fn, plot_fn, args.no_plot)
+  print(md)
+  return 0
+
+
+def save_plot(plt, fig, path):
+  """Lay out, write and close a figure; None (plot_fn's "nothing to note")."""
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return None
+
+
+def list_arg(kind):
+  """argparse type: a comma-separated list of `kind` values, as a tuple."""
+  def parse(text):
+    try:
+      return tuple(kind(v) for v in text.split(",") if v.strip())
+    except ValueError:
+      raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list") from None
+  return parse
 
 
 def exit_code(failures) -> int:

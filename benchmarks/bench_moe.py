@@ -112,15 +112,14 @@ if _EXAMPLES not in sys.path:  # examples/moe.py: the router, the expert MLP, ex
 
 # bench_fp8 sets XLA_PYTHON_CLIENT_PREALLOCATE=false (torch shares the GPU) and imports jax_gmma
 # (from this checkout when it is not installed).
-from bench_fp8 import (F8, BF16, F32, F8_MAX, TN, ROTATE_BYTES, TorchPeer, compile_jax,  # noqa: E402
-                       md_tail, time_jax, warm_gpu, exit_code)
+from bench_fp8 import (F8, BF16, F32, F8_MAX, TN, ROTATE_BYTES, RunBase, TorchPeer, compile_jax,  # noqa: E402
+                       exit_code, list_arg, md_tail, render_only, report_parser, save_plot, time_jax,
+                       write_report)
 
-import argparse  # noqa: E402
 import dataclasses  # noqa: E402
 import datetime  # noqa: E402
 import functools  # noqa: E402
 import gc  # noqa: E402
-import json  # noqa: E402
 import math  # noqa: E402
 import platform  # noqa: E402
 import time  # noqa: E402
@@ -407,14 +406,9 @@ class Skipped(Exception):
   """A peer is not run in this cell (the reason)."""
 
 
-class Run:
+class Run(RunBase):
   def __init__(self, args):
-    self.args = args
-    self.rows, self.failures, self.notes = [], [], []
-    self.dev = jax.devices()[0]
-    self.backend = jax.default_backend()
-    self.on_gpu = bool(_backend.cuda_devices())
-    self.target_s = args.repeat_ms * 1e-3
+    super().__init__(args)
     self.compiled = {}
     self.sources = {}  # the checks' unquantized operands, per cell
     self.impls = make_impls()
@@ -969,61 +963,26 @@ def plot(path, rows):
     ax.set_ylabel("speed vs lax.ragged_dot bf16")
     ax.set_title(f"{p} {phase}: higher is faster", fontsize=10)
     ax.legend(fontsize=7, ncol=3)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-  return None
-
-
-def write(out_dir, data, no_plot=False):
-  os.makedirs(out_dir, exist_ok=True)
-  base = os.path.join(out_dir, NAME)
-  png = None
-  if not no_plot:
-    why = plot(base + ".png", data["rows"])
-    if why:
-      data["notes"].append(why)
-    else:
-      png = base + ".png"
-  md = markdown(data)
-  with open(base + ".json", "w") as f:
-    json.dump(data, f, indent=1, default=str)
-  with open(base + ".md", "w") as f:
-    f.write(md + "\n")
-  return md, png
+  return save_plot(plt, fig, path)
 
 
 # -- main -----------------------------------------------------------------------------------------
 
-def _list(kind):
-  def parse(text):
-    try:
-      return tuple(kind(v) for v in text.split(",") if v.strip())
-    except ValueError:
-      raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list") from None
-  return parse
-
-
 def parse_args(argv=None):
-  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--out", "--report", dest="out", default="bench_out",
-                 help="output directory for bench_moe.{json,md,png} (default bench_out/)")
-  p.add_argument("--render-only", action="store_true",
-                 help="measure nothing: re-render OUT/bench_moe.json as markdown and PNG")
+  p = report_parser(__doc__, NAME)
   p.add_argument("--quick", action="store_true",
                  help=f"the tiny preset, T = {QUICK_DECODE_TOKENS[0]} (decode) and "
                       f"{QUICK_PREFILL_TOKENS[0]} (prefill), {QUICK_LAYERS}-layer decode chains, "
                       "2 repeats: "
                       "the CPU smoke run (< 1 min)")
-  p.add_argument("--presets", type=_list(str), default=None,
+  p.add_argument("--presets", type=list_arg(str), default=None,
                  help=f"comma list of {', '.join(PRESETS)} (default: {','.join(MODEL_PRESETS)})")
-  p.add_argument("--decode-tokens", type=_list(int), default=None, help="default 1,16,64")
-  p.add_argument("--prefill-tokens", type=_list(int), default=None, help="default 4096,16384")
-  p.add_argument("--routings", type=_list(str), default=ROUTINGS, help="uniform,zipf (default both)")
+  p.add_argument("--decode-tokens", type=list_arg(int), default=None, help="default 1,16,64")
+  p.add_argument("--prefill-tokens", type=list_arg(int), default=None, help="default 4096,16384")
+  p.add_argument("--routings", type=list_arg(str), default=ROUTINGS, help="uniform,zipf (default both)")
   p.add_argument("--zipf", type=float, default=ZIPF_S,
                  help=f"the zipf routing's exponent s (default {ZIPF_S})")
-  p.add_argument("--impls", type=_list(str), default=IMPLS, help=f"comma list of {', '.join(IMPLS)}")
+  p.add_argument("--impls", type=list_arg(str), default=IMPLS, help=f"comma list of {', '.join(IMPLS)}")
   p.add_argument("--layers", type=int, default=None,
                  help=f"expert MLPs per decode chain (default {DECODE_LAYERS})")
   p.add_argument("--prefill-layers", type=int, default=None,
@@ -1069,11 +1028,7 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
   args = parse_args(argv)
   if args.render_only:
-    with open(os.path.join(args.out, NAME + ".json")) as f:
-      data = json.load(f)
-    md, _ = write(args.out, data, args.no_plot)
-    print(md)
-    return 0
+    return render_only(args, NAME, markdown, plot)
   run = Run(args)
   if not run.on_gpu and set(args.presets) - {"tiny"}:
     print(f"bench_moe: presets {', '.join(sorted(set(args.presets) - {'tiny'}))} need a CUDA GPU "
@@ -1081,12 +1036,7 @@ def main(argv=None) -> int:
     return 2
   run.log(f"device: {run.dev.device_kind} (backend={run.backend}), jax {jax.__version__}, "
           f"kernels built: {_backend.kernels_built()}, torch: {run.torch.version or run.torch.note}")
-  if not run.on_gpu:
-    run.notes.append("no GPU: jax_gmma.ragged_dot runs its pure-JAX reference (path 'reference'), "
-                     "XLA computes the fp8 dots in software; the times check the plumbing only")
-  t_start = time.perf_counter()
-  if run.on_gpu:
-    warm_gpu()
+  t_start = run.begin("jax_gmma.ragged_dot")
   for name in args.presets:
     try:
       bench_preset(run, PRESETS[name])
@@ -1111,7 +1061,7 @@ def main(argv=None) -> int:
       repeat_ms=args.repeat_ms, allow_reference=args.allow_reference, seed=args.seed,
       tolerances=TOLERANCES, wall_s=round(time.perf_counter() - t_start, 1))
   data = dict(meta=meta, rows=run.rows, notes=run.notes, failures=run.failures)
-  md, png = write(args.out, data, args.no_plot)
+  md, png = write_report(args.out, NAME, data, markdown, plot, args.no_plot)
   print()
   print(md)
   print(f"wrote {args.out}/{NAME}.json, {NAME}.md{', ' + NAME + '.png' if png else ''} "

@@ -47,6 +47,12 @@
 #   moe_decode         examples/moe_decode.py, gpt-oss-20b and qwen3-30b-a3b presets, formats
 #                      bf16,fp8_128x128,wo:mxfp4 (OUT/moe_decode_<preset>.json; without grouped
 #                      kernels the quantized formats are skipped with the reason)
+#   sharded            several GPUs only (else a skip message): benchmarks/bench_sharded.py --llama
+#                      (one 8192^3 GEMM column- and row-parallel on D = 1, 2, 4 GPUs in bf16,
+#                      xla_fp8 and jax-gmma's formats, plus llama_decode tokens/s per D), then
+#                      examples/llama_decode.py --preset llama3-70b --layers 4 --tensor-parallel D
+#                      --check-tp with D = 4 (2 on a 2-3 GPU machine) (OUT/sharded_llama_tpD.json;
+#                      its extra options: SHARDED_LLAMA_ARGS). NCCL_NVLS_ENABLE=0 unless set.
 #   Groups: all = info,tests,sass,fp8_large,fp8_decode,fp8_host,blockwise_large,blockwise_decode,
 #           blockwise_quant,blockwise_decode_sweep,weightonly_decode,weightonly_prefill,train
 #           bench = the benchmark steps of `all`
@@ -155,6 +161,21 @@ step() {
       # shellcheck disable=SC2046
       python3 -P examples/minilm.py --json "$OUT/minilm.json" $(args_of "$1") ;;
     moe) bench "$1" benchmarks/bench_moe.py bench_moe ;;
+    sharded)
+      local gpus rc=0 d
+      gpus=$(python3 -c "import jax; print(len([d for d in jax.devices() if d.platform == 'gpu']))" 2> /dev/null || echo 0)
+      if [ "${gpus:-0}" -le 1 ]; then
+        echo "step sharded skipped: ${gpus:-0} GPU(s) visible, it needs 2 or more"
+        return 0
+      fi
+      export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
+      bench "$1" benchmarks/bench_sharded.py bench_sharded --llama || rc=$?
+      d=2; if [ "$gpus" -ge 4 ]; then d=4; fi
+      # shellcheck disable=SC2046
+      python3 -P examples/llama_decode.py --preset llama3-70b --layers 4 --gen-tokens 64 --no-progress \
+        --tensor-parallel "$d" --check-tp --formats bf16,xla_fp8,fp8_channel,fp8_128x128,wo:nvfp4 \
+        --json "$OUT/sharded_llama_tp$d.json" $(args_of sharded_llama) || rc=$?
+      return "$rc" ;;
     moe_decode)
       local preset rc=0
       for preset in gpt-oss-20b qwen3-30b-a3b; do

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""A Llama-3-8B-shaped decoder (random weights) as a Flax NNX model, with a KV cache and a jitted
-decode loop, its Linear layers in bf16, XLA's FP8, jax-gmma's FP8 GEMMs, jax-gmma's FP4/FP6
+"""A Llama-3-8B-shaped decoder (random weights; ``--preset llama3-70b`` for Llama-3-70B's shapes)
+as a Flax NNX model, with a KV cache and a jitted decode loop (on one device or tensor parallel
+over several), its Linear layers in bf16, XLA's FP8, jax-gmma's FP8 GEMMs, jax-gmma's FP4/FP6
 weight-only GEMMs, and emulated block-scaled formats.
 
 Shapes are Llama-3-8B's (hidden 4096, 32 query heads, 8 KV heads (GQA), head dim 128, SwiGLU FFN
@@ -77,9 +78,32 @@ bf16 and vs xla_fp8 of the same run, the final-prompt-position logits against th
 (cosine, relative error) and greedy-token agreement with the bf16 model (free-running, and
 teacher-forced on bf16's tokens).
 
+Tensor parallelism (``--tensor-parallel N``, Megatron-style, on a 1-D mesh of the first N devices,
+axis ``tp``; the decode loop stays one jitted program, partitioned by XLA): the float model's
+fused projections are first regrouped per device (:func:`tp_layout`: wqkv's output features as
+``[q_0 k_0 v_0 | q_1 k_1 v_1 | ...]``, w_gate_up's as ``[gate_0 up_0 | ...]``; the same function).
+Then every variant's weights are placed with ``NamedSharding`` (:func:`tp_specs`): wqkv and
+w_gate_up column-parallel (output features split; each device whole query and KV heads),
+wo and w_down row-parallel (K split; the partial products are summed by an all-reduce: XLA's
+for bf16 / xla_fp8 / emulations, jax_gmma.sharding's float32 partials and psum for the FP8
+GEMMs), the KV cache split by KV heads, the lm_head by vocabulary rows, the embedding and the
+norms replicated. A quantized weight's arrays follow its data (per-channel and 128-row block
+scales with N; K-block scales with K; a PackedWeight's 16-row strips with N). The FP4/FP6
+weight-only kernel keeps K whole, so its row-parallel GEMMs are :class:`RowParallelWeightOnlyLinear`:
+the weight cut into N K-ranges, each prepared on its own, multiplied per device inside
+``jax.shard_map`` and summed. ``--check-tp`` also runs every variant on one device and reports
+the logits' difference and greedy-token agreement; the JSON records the degree, the per-device
+weight bytes and the collectives of the compiled decode loop. Heads, KV heads and the FFN must
+divide by N (``--preset tiny-tp`` runs N = 2 and 4 in every format on virtual CPU devices);
+``--save`` / ``--load`` need N = 1.
+
 Usage::
 
   python examples/llama_decode.py --preset tiny                  # seconds on a CPU
+  XLA_FLAGS=--xla_force_host_platform_device_count=4 JAX_PLATFORMS=cpu \
+    python examples/llama_decode.py --preset tiny-tp --tensor-parallel 4 --check-tp
+  python3 -P examples/llama_decode.py --preset llama3-70b --layers 4 --tensor-parallel 4 \
+    --check-tp --formats bf16,xla_fp8,fp8_channel,fp8_128x128,wo:nvfp4 --json tp4.json  # 4 GPUs
   python examples/llama_decode.py --preset tiny --formats fp8_channel,wo:nvfp4 --save ckpt
   python examples/llama_decode.py --preset tiny --formats fp8_channel,wo:nvfp4 --load ckpt
   python3 -P examples/llama_decode.py --layers 32 --gen-tokens 128 --json out.json   # H200
@@ -87,6 +111,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import gc
@@ -96,6 +121,7 @@ import os
 import re
 import sys
 import time
+import warnings
 from collections import Counter
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence, Tuple
@@ -108,6 +134,7 @@ from flax import nnx
 import jax_gmma
 from jax_gmma import _backend
 from jax_gmma.numerics import shapes
+from jax_gmma.sharding import ShardingWarning
 from jax_gmma.ops import weightonly
 
 # examples/ on sys.path, for the shared quantized_linear.py (run as a script, with -P, or by path)
@@ -202,8 +229,14 @@ class LlamaConfig:
 
 PRESETS = {
     "llama3-8b": dict(vocab=128256, hidden=4096, heads=32, kv_heads=8, head_dim=128, ffn=14336),
+    # Llama-3-70B / 3.1-70B / 3.3-70B (80 layers in the full model; --layers picks how many run)
+    "llama3-70b": dict(vocab=128256, hidden=8192, heads=64, kv_heads=8, head_dim=128, ffn=28672),
     # Tiny, same proportions (GQA group 2, FFN 3.5x hidden): a CPU smoke test in seconds.
     "tiny": dict(vocab=2048, hidden=256, heads=4, kv_heads=2, head_dim=64, ffn=896),
+    # Tiny for --tensor-parallel 2 and 4: every format's splits stay whole (8 heads, 4 KV heads;
+    # each device's share of N a multiple of 512 rows at 4 devices: whole 128x128 scale blocks in
+    # the block-scaled kernel's padded scale layout).
+    "tiny-tp": dict(vocab=2048, hidden=1024, heads=8, kv_heads=4, head_dim=128, ffn=2048),
 }
 
 
@@ -308,6 +341,28 @@ class RMSNorm(nnx.Module):
     return (y * self.scale.get_value().astype(F32)).astype(BF16)
 
 
+#: The mesh axis of tensor parallelism (``--tensor-parallel N``: a 1-D mesh of N devices).
+TP_AXIS = "tp"
+
+
+def tp_degree() -> int:
+  """The size of the ``tp`` axis of the mesh this program is traced under (``jax.set_mesh``), 1
+  without one: the model's sharding constraints and the row-parallel weight-only layer read it."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or TP_AXIS not in mesh.axis_names:
+    return 1
+  return int(mesh.shape[TP_AXIS])
+
+
+def tp_constraint(x, *spec):
+  """``x`` constrained to ``PartitionSpec(*spec)`` under a tensor-parallel mesh (activations
+  split by heads / features between a column- and a row-parallel GEMM, the KV cache by KV
+  heads); ``x`` itself on one device."""
+  if tp_degree() == 1:
+    return x
+  return jax.lax.with_sharding_constraint(x, jax.sharding.PartitionSpec(*spec))
+
+
 def rope(x, pos, theta):
   """Rotary embedding, HF Llama convention (rotate_half). x (B, T, n, D), pos (T,) int."""
   d = x.shape[-1]
@@ -346,6 +401,11 @@ class DecoderLayer(nnx.Module):
     self.ffn_norm = RMSNorm(ones, cfg.eps)
     self.w_gate_up = _linear(w["w_gate_up"], rngs)
     self.w_down = _linear(w["w_down"], rngs)
+    # Groups of the fused wqkv / w_gate_up output features (see tp_layout): 1 = [q | k | v] and
+    # [gate | up]; G = per group g, [q_g | k_g | v_g] and [gate_g | up_g] (heads, KV heads and FFN
+    # features split in G contiguous ranges), so that a split of the output features over G
+    # devices gives each device whole heads and matching gate / up features.
+    self.groups = 1
 
   def __call__(self, h, pos, kv):
     """h (B, T, hidden) bf16 at positions pos (T,) = start + arange(T). kv: None (attend to this
@@ -354,22 +414,26 @@ class DecoderLayer(nnx.Module):
     cfg = self.cfg
     bsz, t, _ = h.shape
     nh, nkv, d = cfg.heads, cfg.kv_heads, cfg.head_dim
+    g = self.groups
     x = self.attn_norm(h)
-    qkv = self.wqkv(x)
-    q = qkv[..., : nh * d].reshape(bsz, t, nh, d)
-    k = qkv[..., nh * d:(nh + nkv) * d].reshape(bsz, t, nkv, d)
-    v = qkv[..., (nh + nkv) * d:].reshape(bsz, t, nkv, d)
+    qkv = self.wqkv(x).reshape(bsz, t, g, -1)  # (g = 1: [q | k | v])
+    qh, kh = nh // g * d, nkv // g * d
+    q = tp_constraint(qkv[..., :qh].reshape(bsz, t, nh, d), None, None, TP_AXIS, None)
+    k = tp_constraint(qkv[..., qh:qh + kh].reshape(bsz, t, nkv, d), None, None, TP_AXIS, None)
+    v = tp_constraint(qkv[..., qh + kh:].reshape(bsz, t, nkv, d), None, None, TP_AXIS, None)
     q, k = rope(q, pos, cfg.rope_theta), rope(k, pos, cfg.rope_theta)
     if kv is not None:
       kc = jax.lax.dynamic_update_slice(kv[0], k, (0, pos[0], 0, 0))
       vc = jax.lax.dynamic_update_slice(kv[1], v, (0, pos[0], 0, 0))
+      kc = tp_constraint(kc, None, None, TP_AXIS, None)
+      vc = tp_constraint(vc, None, None, TP_AXIS, None)
       kv = (kc, vc)
       k, v = kc, vc
-    h = h + self.wo(attention(q, k, v, pos))
+    h = h + self.wo(tp_constraint(attention(q, k, v, pos), None, None, TP_AXIS))
     x = self.ffn_norm(h)
-    gu = self.w_gate_up(x)
-    act = (jax.nn.silu(gu[..., : cfg.ffn].astype(F32)) * gu[..., cfg.ffn:].astype(F32)).astype(BF16)
-    h = h + self.w_down(act)
+    gu = self.w_gate_up(x).reshape(bsz, t, g, 2, cfg.ffn // g)  # (g = 1: [gate | up])
+    act = (jax.nn.silu(gu[..., 0, :].astype(F32)) * gu[..., 1, :].astype(F32)).astype(BF16)
+    h = h + self.w_down(tp_constraint(act.reshape(bsz, t, cfg.ffn), None, None, TP_AXIS))
     return h, kv
 
 
@@ -503,38 +567,254 @@ class XlaFp8Linear(nnx.Module):
 
 
 def own_layer(linear: nnx.Linear, variant: Variant) -> nnx.Module:
-  """This example's own layers (``convert``'s ``make``): bf16 and xla_fp8."""
+  """This example's own layers (``convert``'s ``make``): bf16, xla_fp8, and the row-parallel
+  weight-only GEMMs of a tensor-parallel model."""
   if variant.kind == "bf16":
     return Bf16Linear.from_linear(linear)
   if variant.kind == "xla_fp8":
     return XlaFp8Linear.from_linear(linear)
+  if variant.kind == "wo_rows":
+    return RowParallelWeightOnlyLinear.from_linear(linear, variant.fmt, variant.shards)
   raise ValueError(f"{variant.label}: no layer of kind {variant.kind!r}")
 
 
-def rules(variant: Variant):
+def rules(variant: Variant, tp: int = 1):
   """The conversion rules of a variant: the four Linears of every layer to its spec (the rest
-  has no ``nnx.Linear``)."""
+  has no ``nnx.Linear``); with ``tp`` > 1 a weight-only format's row-parallel GEMMs (wo,
+  w_down) become :class:`RowParallelWeightOnlyLinear` (its kernel keeps K whole)."""
+  if variant.kind == "weightonly" and tp > 1:
+    rows = RowShards(label=f"{variant.label}/rows", kind="wo_rows", fmt=variant.fmt, shards=tp)
+    return [(ROW_PATTERN, rows), (LAYER_LINEARS, variant)]
   return [(LAYER_LINEARS, variant)]
 
 
-def convert_model(model: Llama, variant: Variant):
+def convert_model(model: Llama, variant: Variant, tp: int = 1):
   """Converts the float ``model`` to ``variant`` in place: jax-gmma formats through
   ``jax_gmma.nn.quantize_model(model, [(LAYER_LINEARS, spec)])``, bf16 / xla_fp8 / emu:FMT
-  through this example's layers. Returns quantize_model's summary (None for the others)."""
-  return convert(model, rules(variant), own_layer)
+  through this example's layers (``tp``: see :func:`rules`). Returns quantize_model's summary
+  (None for the others)."""
+  return convert(model, rules(variant, tp), own_layer)
 
 
-def build_variant(model: Llama, variant: Variant) -> Llama:
+def build_variant(model: Llama, variant: Variant, tp: int = 1) -> Llama:
   """A converted copy of the float ``model`` (``nnx.clone``: it shares the arrays it does not
   convert, e.g. the embedding and lm_head); the float model is left as it is."""
   out = nnx.clone(model)
-  convert_model(out, variant)
+  convert_model(out, variant, tp)
   return out
 
 
 def tree_nbytes(tree) -> int:
   return int(sum(np.dtype(a.dtype).itemsize * int(np.prod(a.shape))
                  for a in jax.tree_util.tree_leaves(tree)))
+
+
+# ----------------------------------------------------------------------------------------------
+# Tensor parallelism (--tensor-parallel N): Megatron-style placement on a 1-D mesh of N devices
+# ----------------------------------------------------------------------------------------------
+#: Column-parallel GEMMs (output features split: each device computes whole heads / FFN
+#: features) and row-parallel GEMMs (K split: each device a partial product, summed by an
+#: all-reduce that XLA inserts, or jax_gmma's partitioning rule: float32 partials and a psum).
+COLUMN_LINEARS = ("wqkv", "w_gate_up")
+ROW_LINEARS = ("wo", "w_down")
+ROW_PATTERN = r"^layers/\d+/(wo|w_down)$"
+#: The collectives of a compiled program (hlo_collectives).
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+_HLO_BYTES = {"pred": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "f8e8m0fnu": 1, "f4e2m1fn": 1,
+              "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4, "s32": 4, "u32": 4, "f64": 8,
+              "s64": 8, "u64": 8}
+
+
+def check_tp_shapes(cfg: LlamaConfig, tp: int) -> None:
+  """The shape rules of ``--tensor-parallel tp``: every device holds whole query heads, whole
+  KV heads (no KV head replication) and ffn / tp FFN features."""
+  if tp < 1:
+    raise ValueError(f"--tensor-parallel must be >= 1, got {tp}")
+  for name, v in (("heads", cfg.heads), ("kv_heads", cfg.kv_heads), ("ffn", cfg.ffn)):
+    if v % tp:
+      raise ValueError(f"--tensor-parallel {tp}: {name} ({v}) must be a multiple of it (each device "
+                       "holds whole query heads, whole KV heads and an equal share of the FFN)")
+
+
+def tp_mesh(tp: int):
+  """A 1-D mesh of the first ``tp`` devices, axis ``tp`` (Auto: XLA propagates the shardings)."""
+  devs = jax.devices()
+  if tp > len(devs):
+    raise ValueError(f"--tensor-parallel {tp}: only {len(devs)} {jax.default_backend()} device(s) "
+                     "visible (on a CPU: XLA_FLAGS=--xla_force_host_platform_device_count=N)")
+  return jax.make_mesh((tp,), (TP_AXIS,), axis_types=(jax.sharding.AxisType.Auto,),
+                       devices=devs[:tp])
+
+
+def tp_layout(model: Llama, groups: int) -> Llama:
+  """Reorders, in place, the output features of the float model's fused projections into
+  ``groups`` groups (``DecoderLayer.groups``): wqkv's ``[q | k | v]`` becomes ``[q_0 k_0 v_0 |
+  q_1 k_1 v_1 | ...]`` (group g: query heads g * H / G.., KV heads g * KV / G..) and w_gate_up's
+  ``[gate | up]`` becomes ``[gate_0 up_0 | gate_1 up_1 | ...]``, so that splitting the output
+  features over G devices gives each whole heads with their KV heads and matching gate / up
+  features (vLLM's QKVParallelLinear / MergedColumnParallelLinear). The model computes the same
+  function (a permutation of the rows of two weights; per-row scales follow their rows), but
+  block-scaled formats quantize the permuted weight (other 128-row blocks). Returns ``model``."""
+  cfg = model.cfg
+  check_tp_shapes(cfg, groups)
+  if groups == 1:
+    return model
+  nh, nkv, d, f = cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.ffn
+  qs, ks = nh // groups * d, nkv // groups * d
+  qkv = np.concatenate([np.concatenate([np.arange(g * qs, (g + 1) * qs),
+                                        nh * d + np.arange(g * ks, (g + 1) * ks),
+                                        (nh + nkv) * d + np.arange(g * ks, (g + 1) * ks)])
+                        for g in range(groups)])
+  fs = f // groups
+  gate_up = np.concatenate([np.concatenate([np.arange(g * fs, (g + 1) * fs),
+                                            f + np.arange(g * fs, (g + 1) * fs)])
+                            for g in range(groups)])
+  for layer in model.layers:
+    if layer.groups != 1:
+      raise ValueError("tp_layout: the model is laid out for tensor parallelism already")
+    for lin, idx in ((layer.wqkv, qkv), (layer.w_gate_up, gate_up)):
+      lin.kernel.set_value(jnp.asarray(lin.kernel.get_value())[:, idx])  # (K, N): columns = N
+    layer.groups = groups
+  return model
+
+
+@dataclasses.dataclass(frozen=True)
+class RowShards(Variant):
+  """A weight-only format on the row-parallel GEMMs of a tensor-parallel model (this example's
+  own layer, :class:`RowParallelWeightOnlyLinear`): K cut into ``shards`` ranges."""
+  shards: int = 1
+
+
+def _partial_products(x, packed, scales, global_scale, *, meta):
+  """sum_g x[:, g-th K range] @ w_g.T in float32, over the stacked weights' leading axis."""
+  kk = meta["k"]
+  acc = None
+  for g in range(packed.shape[0]):
+    w = weightonly.PackedWeight(packed[g], scales[g], global_scale[g], **meta)
+    y = jax_gmma.dot(x[:, g * kk:(g + 1) * kk], w, out_dtype=F32)
+    acc = y if acc is None else acc + y
+  return acc
+
+
+class RowParallelWeightOnlyLinear(nnx.Module):
+  """``wo:FMT`` on a row-parallel GEMM (wo, w_down) of a tensor-parallel model. The FP4/FP6
+  weight-only kernel keeps K whole (packed K tiles, padded K: ``jax_gmma.sharding`` never splits
+  it), so the (N, K) weight is cut into ``shards`` K ranges, each quantized and laid out as an (N,
+  K / shards) weight: one stacked PackedWeight (``weightonly.prepare`` of the (shards, N, K /
+  shards) ranges) whose leading axis is split over the mesh. Under a ``tp`` mesh each device
+  multiplies its columns of x by its ranges (float32) inside ``jax.shard_map`` and the partials
+  are summed (``psum``, the all-reduce); on one device the ranges run in turn and are summed:
+  the same weights, the same products (up to the order of float32 additions)."""
+
+  def __init__(self, stacked: weightonly.PackedWeight):
+    self.kernel_shards = FrozenWeight(stacked)
+    self.format = stacked.format
+
+  @classmethod
+  def from_linear(cls, linear: nnx.Linear, fmt: str, shards: int) -> "RowParallelWeightOnlyLinear":
+    w = kernel_nk(linear)
+    n, k = w.shape
+    if k % shards:
+      raise ValueError(f"K = {k} is not a multiple of the {shards} tensor-parallel shards")
+    return cls(weightonly.prepare(w.reshape(n, shards, k // shards).transpose(1, 0, 2), fmt))
+
+  def __call__(self, x):
+    w = self.kernel_shards.get_value()
+    lead, k = x.shape[:-1], x.shape[-1]
+    leaves = (w.packed, w.scales, w.global_scale)
+    meta = dict(format=w.format, n=w.n, k=w.k, fp8_exact=w.fp8_exact, layout=w.layout)
+    x2 = x.reshape(-1, k).astype(BF16)
+    if tp_degree() == 1:
+      y = _partial_products(x2, *leaves, meta=meta)
+    else:
+      P = jax.sharding.PartitionSpec
+      body = lambda x, *l: jax.lax.psum(_partial_products(x, *l, meta=meta), TP_AXIS)  # noqa: E731
+      y = jax.shard_map(body, mesh=jax.sharding.get_abstract_mesh(),
+                        in_specs=(P(None, TP_AXIS),) + (P(TP_AXIS),) * 3, out_specs=P())(x2, *leaves)
+    return y.astype(x.dtype).reshape(*lead, w.n)
+
+
+def _key_names(path) -> list:
+  return [str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path]
+
+
+def tp_specs(params, tp: int, vocab_split: bool = True):
+  """The PartitionSpec of every leaf of a variant's state (``nnx.to_pure_dict``) on a ``tp``
+  mesh: column-parallel GEMMs (wqkv, w_gate_up) split along their output features N -- every
+  leaf of the weight along its first axis: bf16 / fp8 data, per-channel and 128-row block
+  scales, a PackedWeight's 16-row strips (a per-tensor scale stays whole); row-parallel GEMMs
+  (wo, w_down) along K -- the second axis of the data and of K-block scales (per-channel scales
+  stay whole), the leading (range) axis of a RowParallelWeightOnlyLinear's stacked weight; the
+  lm_head split by vocabulary rows (``vocab_split``, when the vocabulary divides); the
+  embedding and the norms replicated. These are the splits jax_gmma.sharding's rules keep
+  (N, and K for the FP8 GEMMs); a dimension that does not divide raises ValueError."""
+  P = jax.sharding.PartitionSpec
+
+  def spec(path, leaf):
+    names = _key_names(path)
+    shape = tuple(leaf.shape)
+
+    def split(axis):
+      if shape[axis] % tp:
+        raise ValueError(f"{'/'.join(names)}: axis {axis} of shape {shape} does not split into "
+                         f"{tp} tensor-parallel shards")
+      return P(*[TP_AXIS if a == axis else None for a in range(len(shape))])
+
+    if "kernel_shards" in names:
+      return split(0)
+    if names and names[0] == "layers":
+      lin = next((n for n in names if n in COLUMN_LINEARS + ROW_LINEARS), None)
+      if lin in COLUMN_LINEARS and len(shape) >= 1 and shape[0] > 1:
+        return split(0)
+      if lin in ROW_LINEARS and len(shape) >= 2 and shape[1] > 1:
+        return split(1)
+      return P()
+    if vocab_split and names == ["lm_head"] and shape[0] % tp == 0:
+      return split(0)
+    return P()
+
+  return jax.tree_util.tree_map_with_path(spec, params)
+
+
+def place(params, mesh):
+  """``params`` on ``mesh`` per :func:`tp_specs`."""
+  specs = tp_specs(params, mesh.shape[TP_AXIS])
+  shardings = jax.tree.map(lambda s: jax.sharding.NamedSharding(mesh, s), specs)
+  return jax.device_put(params, shardings)
+
+
+def per_device_nbytes(tree) -> int:
+  """Bytes of ``tree``'s arrays that one device holds (the largest share)."""
+  per: Counter = Counter()
+  for a in jax.tree_util.tree_leaves(tree):
+    item = np.dtype(a.dtype).itemsize
+    sh = getattr(a, "sharding", None)
+    if sh is None:
+      per["-"] += item * int(np.prod(a.shape))
+      continue
+    for dev, idx in sh.devices_indices_map(tuple(a.shape)).items():
+      size = 1
+      for i, n in zip(idx, a.shape):
+        start, stop, _ = i.indices(n)
+        size *= stop - start
+      per[dev] += item * size
+  return int(max(per.values(), default=0))
+
+
+def hlo_collectives(text: str) -> Dict[str, Dict[str, Any]]:
+  """The collectives of a compiled program's HLO text: op -> count and the bytes of its largest
+  result array (``-start`` / ``-done`` async pairs counted once)."""
+  out: Dict[str, Dict[str, Any]] = {}
+  for line in text.splitlines():
+    m = re.search(r"=\s*(.*?)\s(" + "|".join(COLLECTIVES) + r")(-start)?\(", line)
+    if not m:
+      continue
+    sizes = [_HLO_BYTES.get(dt, 4) * math.prod(int(x) for x in dims.split(",") if x)
+             for dt, dims in re.findall(r"\b([a-z]+[0-9a-z]*)\[([0-9,]*)\]", m.group(1))]
+    rec = out.setdefault(m.group(2), {"count": 0, "max_bytes": 0})
+    rec["count"] += 1
+    rec["max_bytes"] = max(rec["max_bytes"], max(sizes, default=0))
+  return out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -663,23 +943,108 @@ def _sync(x):
   return jax.block_until_ready(x)
 
 
+class Programs:
+  """A variant's compiled prefill and decode loop on one device or a ``tp`` mesh, with the
+  decode loop's compiled HLO text and the ShardingWarnings its compilation raised."""
+
+  def __init__(self, graphdef, params, prompt, steps: int, max_seq: int, mesh=None):
+    self.params, self.prompt, self.mesh = params, prompt, mesh
+    bsz, plen = prompt.shape
+    self.start = jnp.asarray(plen, jnp.int32)
+    self.no_force = jnp.zeros((bsz, steps), jnp.int32)
+    self.flags = {False: jnp.asarray(False), True: jnp.asarray(True)}  # on device before timing
+    with self._context(), warnings.catch_warnings(record=True) as caught:
+      warnings.simplefilter("always", ShardingWarning)
+      t0 = time.perf_counter()
+      self.pre_c = prefill.lower(graphdef, params, prompt, max_seq=max_seq).compile()
+      logits0, cache = self.pre_c(params, prompt)
+      tok0 = jnp.argmax(logits0, -1).astype(jnp.int32)
+      self.gen_c = generate.lower(graphdef, params, cache, tok0, self.start, self.no_force,
+                                  self.flags[False], steps=steps).compile()
+      self.compile_s = time.perf_counter() - t0
+    self.sharding_warnings = sorted({str(w.message) for w in caught
+                                     if issubclass(w.category, ShardingWarning)})
+    for w in caught:  # the others as they would have been shown
+      if not issubclass(w.category, ShardingWarning):
+        warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+    try:
+      self.hlo = self.gen_c.as_text()
+    except Exception:  # noqa: BLE001 - informational
+      self.hlo = ""
+
+  def _context(self):
+    return jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext()
+
+  def once(self, forced=None):
+    """(prefill + first token) and (decode loop) wall times; only device work in between.
+    ``forced``: teacher-force these (B, steps) tokens."""
+    use = forced is not None
+    forced = self.no_force if forced is None else forced
+    with self._context():
+      t_a = time.perf_counter()
+      logits0, cache = self.pre_c(self.params, self.prompt)
+      tok0 = _sync(jnp.argmax(logits0, -1).astype(jnp.int32))
+      _sync(cache)
+      t_b = time.perf_counter()
+      toks, _ = _sync(self.gen_c(self.params, cache, tok0, self.start, forced, self.flags[use]))
+      t_c = time.perf_counter()
+    return logits0, tok0, toks, t_b - t_a, t_c - t_b
+
+
+def _generations(programs: Programs, repeats: int, label: str, bar=None):
+  """A warm-up, then ``repeats`` timed generations: (logits0 (B, V) float32, tokens (B, steps +
+  1), prefill times, decode times)."""
+  stage(bar, f"{label}: warm-up")
+  programs.once()
+  pre_t, gen_t = [], []
+  for r in range(repeats):
+    stage(bar, f"{label}: generate {r + 1}/{repeats}")
+    logits0, tok0, toks, tp, tg = programs.once()
+    pre_t.append(tp)
+    gen_t.append(tg)
+  logits0 = np.asarray(logits0, np.float32)
+  tokens = np.concatenate([np.asarray(tok0)[:, None], np.asarray(toks)], axis=1)
+  return logits0, tokens, pre_t, gen_t
+
+
+def tp_difference(one: Dict[str, np.ndarray], tp: Dict[str, np.ndarray]) -> Dict[str, Any]:
+  """The tensor-parallel run against the same variant on one device: prefill logits (max abs
+  and relative (Frobenius) difference, top-1 agreement) and the greedy tokens."""
+  r, g = one["logits0"].astype(np.float64), tp["logits0"].astype(np.float64)
+  return {"logits_max_abs_diff": float(np.max(np.abs(g - r))),
+          "logits_rel_diff": float(np.linalg.norm(g - r) / max(np.linalg.norm(r), 1e-30)),
+          "logits_max_abs": float(np.max(np.abs(r))),
+          "top1_agree": float(np.mean(np.argmax(r, -1) == np.argmax(g, -1))),
+          "greedy": token_agreement(one["tokens"], tp["tokens"]),
+          "greedy_equal": bool(np.array_equal(one["tokens"], tp["tokens"]))}
+
+
 def run_variant(variant: Variant, model: Optional[Llama], cfg: LlamaConfig, prompt, steps: int,
                 max_seq: int, repeats: int, bar=None, ref: Optional[Dict[str, np.ndarray]] = None,
-                save_dir=None, load_dir=None) -> Tuple[Dict[str, Any], Dict[str, np.ndarray]]:
+                save_dir=None, load_dir=None, mesh=None,
+                check_tp: bool = False) -> Tuple[Dict[str, Any], Dict[str, np.ndarray]]:
   """Build the variant from the float ``model`` (or load it from ``load_dir``; save it to
   ``save_dir``), compile, generate (timed ``repeats`` times) and, given the bf16 run ``ref``,
-  teacher-force it on bf16's tokens. Returns (row, arrays)."""
+  teacher-force it on bf16's tokens. With ``mesh`` (tensor parallelism; ``model`` laid out by
+  :func:`tp_layout`) the weights are placed by :func:`tp_specs` and the programs are
+  partitioned over the mesh; ``check_tp`` also runs the same variant on one device and
+  compares. Returns (row, arrays)."""
+  tp = 1 if mesh is None else int(mesh.shape[TP_AXIS])
   t0 = time.perf_counter()
   if load_dir is not None:
     stage(bar, f"{variant.label}: load")
     vmodel = load_model(checkpoint_path(load_dir, variant.label), cfg, variant)
   else:
     stage(bar, f"{variant.label}: convert")
-    vmodel = build_variant(model, variant)
+    vmodel = build_variant(model, variant, tp)
   graphdef, state = nnx.split(vmodel)
   # The compiled programs take the state as a plain nested dict (nnx.to_pure_dict; nnx.merge
   # takes it as it takes the State): the cheapest pytree to flatten on every call.
   params = _sync(nnx.to_pure_dict(state))
+  params_one = params
+  if mesh is not None:
+    stage(bar, f"{variant.label}: place on {tp} devices")
+    params = _sync(place(params, mesh))
   prep_s = time.perf_counter() - t0
   checkpoint: Dict[str, Any] = {}
   if load_dir is not None:
@@ -693,74 +1058,59 @@ def run_variant(variant: Variant, model: Optional[Llama], cfg: LlamaConfig, prom
   weight_bytes = tree_nbytes(state)
   layer_bytes = tree_nbytes(nnx.state(vmodel.layers))
   bsz, plen = prompt.shape
-  no_force = jnp.zeros((bsz, steps), jnp.int32)
 
   stage(bar, f"{variant.label}: compile")
-  t0 = time.perf_counter()
-  pre_c = prefill.lower(graphdef, params, prompt, max_seq=max_seq).compile()
-  logits0, cache = pre_c(params, prompt)
-  tok0 = jnp.argmax(logits0, -1).astype(jnp.int32)
-  start = jnp.asarray(plen, jnp.int32)
-  gen_c = generate.lower(graphdef, params, cache, tok0, start, no_force, jnp.asarray(False),
-                         steps=steps).compile()
-  compile_s = time.perf_counter() - t0
-  calls = hlo_custom_calls(gen_c)
-
-  flags = {False: jnp.asarray(False), True: jnp.asarray(True)}  # on device before any timing
-
-  def once(forced, use_forced):
-    """(prefill + first token) and (decode loop) wall times; only device work in between."""
-    t_a = time.perf_counter()
-    logits0, cache = pre_c(params, prompt)
-    tok0 = _sync(jnp.argmax(logits0, -1).astype(jnp.int32))
-    _sync(cache)
-    t_b = time.perf_counter()
-    toks, _ = _sync(gen_c(params, cache, tok0, start, forced, flags[use_forced]))
-    t_c = time.perf_counter()
-    return logits0, tok0, toks, t_b - t_a, t_c - t_b
-
-  stage(bar, f"{variant.label}: warm-up")
-  once(no_force, False)
-  pre_t, gen_t = [], []
-  for r in range(repeats):
-    stage(bar, f"{variant.label}: generate {r + 1}/{repeats} ({bsz}x{steps} tokens)")
-    logits0, tok0, toks, tp, tg = once(no_force, False)
-    pre_t.append(tp)
-    gen_t.append(tg)
-  logits0 = np.asarray(logits0, np.float32)
-  tokens = np.concatenate([np.asarray(tok0)[:, None], np.asarray(toks)], axis=1)  # (B, steps+1)
+  progs = Programs(graphdef, params, prompt, steps, max_seq, mesh)
+  calls = hlo_custom_calls(progs.gen_c)
+  logits0, tokens, pre_t, gen_t = _generations(progs, repeats, variant.label, bar)
   gen_s = float(np.median(gen_t))
   row: Dict[str, Any] = {
       "format": variant.label, "kind": variant.kind, "what_runs": variant.description,
       "tokens_per_s": bsz * steps / gen_s, "ms_per_token": 1e3 * gen_s / steps,
       "decode_s": gen_s, "decode_s_all": gen_t, "prefill_ms": 1e3 * float(np.median(pre_t)),
-      "prefill_ms_all": [1e3 * x for x in pre_t], "compile_s": compile_s, "prepare_s": prep_s,
+      "prefill_ms_all": [1e3 * x for x in pre_t], "compile_s": progs.compile_s, "prepare_s": prep_s,
       "layer_weight_bytes": layer_bytes, "weight_bytes": weight_bytes,
-      "custom_calls": calls,
+      "custom_calls": calls, "tp": tp,
   }
+  if mesh is not None:
+    row["weight_bytes_per_device"] = per_device_nbytes(params)
+    row["layer_weight_bytes_per_device"] = per_device_nbytes(params["layers"])
+    row["collectives"] = hlo_collectives(progs.hlo)
+    row["sharding_warnings"] = progs.sharding_warnings
   if checkpoint:
     row["checkpoint"] = checkpoint
   if not np.all(np.isfinite(logits0)):
     raise FloatingPointError(f"{variant.label}: non-finite prefill logits")
+  arrays = {"logits0": logits0, "tokens": tokens}
+  if mesh is not None and check_tp:
+    stage(bar, f"{variant.label}: the same on one device")
+    one = Programs(graphdef, params_one, prompt, steps, max_seq)
+    l1, t1, _, g1 = _generations(one, repeats, f"{variant.label} (1 device)", bar)
+    row["tp_check"] = tp_difference({"logits0": l1, "tokens": t1}, arrays)
+    row["tp_check"]["tokens_per_s_1dev"] = bsz * steps / float(np.median(g1))
+    row["tp_check"]["speedup_vs_1dev"] = row["tokens_per_s"] / row["tp_check"]["tokens_per_s_1dev"]
+    del one
   if ref is not None:
     stage(bar, f"{variant.label}: teacher-forced vs bf16")
     ref_tokens = ref["tokens"]
-    _, tf0, tf_toks, _, _ = once(jnp.asarray(ref_tokens[:, :steps], jnp.int32), True)
+    _, tf0, tf_toks, _, _ = progs.once(jnp.asarray(ref_tokens[:, :steps], jnp.int32))
     tf = np.concatenate([np.asarray(tf0)[:, None], np.asarray(tf_toks)], axis=1)
     row["logits_vs_bf16"] = logits_metrics(ref["logits0"], logits0)
     row["greedy_vs_bf16"] = token_agreement(ref_tokens, tokens)
     row["teacher_forced_vs_bf16"] = token_agreement(ref_tokens, tf)
-  return row, {"logits0": logits0, "tokens": tokens}
+  return row, arrays
 
 
 def run(formats: Sequence[str] = DEFAULT_FORMATS, cfg: LlamaConfig = LlamaConfig(),
         batch: int = 1, prompt_len: int = 32, gen_tokens: int = 32, max_seq: Optional[int] = None,
         repeats: int = 3, seed: int = 0, progress: bool = True, log=print, save_dir=None,
-        load_dir=None) -> Dict[str, Any]:
+        load_dir=None, tp: int = 1, check_tp: bool = False) -> Dict[str, Any]:
   """Build the float (bf16) model, then run every format on the same prompt. The bf16 model
   always runs first (it is the reference of every comparison). ``save_dir``: save every variant
   there (orbax, one directory per format); ``load_dir``: load every variant from there instead
-  of building it (no float model is generated)."""
+  of building it (no float model is generated). ``tp`` > 1: tensor parallelism over the first
+  ``tp`` devices (:func:`tp_layout`, :func:`tp_specs`); ``check_tp``: each format also runs on
+  one device, compared (``tp_check`` of its row)."""
   variants = [parse_variant(f) for f in formats]
   labels = [v.label for v in variants]
   if len(set(labels)) != len(labels):
@@ -774,6 +1124,10 @@ def run(formats: Sequence[str] = DEFAULT_FORMATS, cfg: LlamaConfig = LlamaConfig
     raise ValueError(f"max_seq ({max_seq}) must be >= prompt_len + gen_tokens ({need})")
   kinds = {v.kind for v in variants}
   cfg.check_shapes(kinds)
+  check_tp_shapes(cfg, tp)
+  if tp > 1 and (save_dir is not None or load_dir is not None):
+    raise ValueError("--save / --load work with --tensor-parallel 1 only")
+  mesh = tp_mesh(tp) if tp > 1 else None
   _check_checkpoint_dirs(cfg, [v.label for v in variants], save_dir, load_dir)
   if kinds & {"gemm", "weightonly"}:
     if _backend.cuda_devices():  # fail now, not after building 16 GB of weights
@@ -790,6 +1144,12 @@ def run(formats: Sequence[str] = DEFAULT_FORMATS, cfg: LlamaConfig = LlamaConfig
       f"{2 * cfg.n_params() / 2**30:.2f} GiB)")
   log(f"batch {batch}, prompt {prompt_len} tokens, {gen_tokens} decode steps, KV cache "
       f"{max_seq} slots, {repeats} timed repeat(s)")
+  if mesh is not None:
+    devs = ", ".join(str(d) for d in mesh.devices.flat)
+    log(f"tensor parallel over {tp} devices (mesh axis {TP_AXIS!r}: {devs}):"
+        " wqkv / w_gate_up split by output features, wo / w_down by K (all-reduce), KV cache by"
+        " KV heads, lm_head by vocabulary rows, embedding and norms replicated"
+        + ("; each format also runs on one device (--check-tp)" if check_tp else ""))
 
   if jax.default_backend() == "cpu" and cfg.hidden >= 4096:
     log("note: full Llama-3-8B widths on a CPU take about a second per decode step per format; "
@@ -797,6 +1157,8 @@ def run(formats: Sequence[str] = DEFAULT_FORMATS, cfg: LlamaConfig = LlamaConfig
   t0 = time.perf_counter()
   if load_dir is None:
     model = Llama(cfg, seed=seed, progress=progress)
+    if tp > 1:
+      tp_layout(model, tp)
   else:
     model = None
     log(f"weights: every format loaded from {load_dir}")
@@ -812,7 +1174,14 @@ def run(formats: Sequence[str] = DEFAULT_FORMATS, cfg: LlamaConfig = LlamaConfig
   with progress_bar(len(variants), "formats", progress) as bar:
     for v in variants:
       row, arrays = run_variant(v, model, cfg, prompt, gen_tokens, max_seq, repeats, bar, ref,
-                                save_dir=save_dir, load_dir=load_dir)
+                                save_dir=save_dir, load_dir=load_dir, mesh=mesh,
+                                check_tp=check_tp)
+      if mesh is not None:
+        log(f"{v.label}: weights {row['weight_bytes_per_device'] / 2**20:.1f} MiB per device "
+            f"({row['weight_bytes'] / 2**20:.1f} MiB in all); collectives in the decode loop: "
+            + (", ".join(f"{k} x{c['count']}" for k, c in row["collectives"].items()) or "none"))
+        for w in row["sharding_warnings"]:
+          log(f"{v.label}: sharding warning: {w}")
       if ref is None:
         ref = arrays
       rows.append(row)
@@ -840,7 +1209,9 @@ def run(formats: Sequence[str] = DEFAULT_FORMATS, cfg: LlamaConfig = LlamaConfig
       "xla_flags": os.environ.get("XLA_FLAGS", ""), "gemm_formats": list(gemm_formats()),
       "config": dataclasses.asdict(cfg), "n_params": cfg.n_params(), "batch": batch,
       "prompt_len": prompt_len, "gen_tokens": gen_tokens, "max_seq": max_seq,
-      "repeats": repeats, "seed": seed, "init_s": init_s,
+      "repeats": repeats, "seed": seed, "init_s": init_s, "tensor_parallel": tp,
+      "tp_devices": [] if mesh is None else [str(d) for d in mesh.devices.flat],
+      "check_tp": bool(check_tp and mesh is not None),
       "save_dir": None if save_dir is None else str(save_dir),
       "load_dir": None if load_dir is None else str(load_dir),
       "lm_head": "bf16 in every variant (as are the embedding and the norms)",
@@ -851,19 +1222,33 @@ def run(formats: Sequence[str] = DEFAULT_FORMATS, cfg: LlamaConfig = LlamaConfig
 def format_table(result: Dict[str, Any]) -> str:
   head = ("format", "what runs", "tok/s", "ms/tok", "x bf16", "x xla_fp8", "prefill ms",
           "weights GiB", "cos vs bf16", "rel err", "greedy agree", "1st diff", "forced agree")
+  tp = result.get("tensor_parallel", 1) > 1
+  check = result.get("check_tp", False)
+  if tp:
+    head += ("GiB/device",)
+  if check:
+    head += ("x 1 device", "max|d| vs 1 dev", "rel d vs 1 dev", "greedy = 1 dev")
   lines = []
   f = lambda x, spec: "-" if x is None else format(x, spec)  # noqa: E731
   for r in result["results"]:
     lm = r.get("logits_vs_bf16")
-    lines.append((r["format"], r["what_runs"], f(r["tokens_per_s"], ".1f"),
-                  f(r["ms_per_token"], ".2f"), f(r["speedup_vs_bf16"], ".2f"),
-                  f(r["speedup_vs_xla_fp8"], ".2f"), f(r["prefill_ms"], ".1f"),
-                  f(r["weight_bytes"] / 2**30, ".3f"),
-                  "(ref)" if lm is None else f"{lm['cos_mean']:.5f}",
-                  "(ref)" if lm is None else f"{lm['rel_err']:.4f}",
-                  "(ref)" if lm is None else f"{r['greedy_vs_bf16']['agree']:.3f}",
-                  "(ref)" if lm is None else str(min(r["greedy_vs_bf16"]["first_divergence"])),
-                  "(ref)" if lm is None else f"{r['teacher_forced_vs_bf16']['agree']:.3f}"))
+    line = (r["format"], r["what_runs"], f(r["tokens_per_s"], ".1f"),
+            f(r["ms_per_token"], ".2f"), f(r["speedup_vs_bf16"], ".2f"),
+            f(r["speedup_vs_xla_fp8"], ".2f"), f(r["prefill_ms"], ".1f"),
+            f(r["weight_bytes"] / 2**30, ".3f"),
+            "(ref)" if lm is None else f"{lm['cos_mean']:.5f}",
+            "(ref)" if lm is None else f"{lm['rel_err']:.4f}",
+            "(ref)" if lm is None else f"{r['greedy_vs_bf16']['agree']:.3f}",
+            "(ref)" if lm is None else str(min(r["greedy_vs_bf16"]["first_divergence"])),
+            "(ref)" if lm is None else f"{r['teacher_forced_vs_bf16']['agree']:.3f}")
+    if tp:
+      line += (f(r.get("weight_bytes_per_device", 0) / 2**30, ".3f"),)
+    if check:
+      c = r.get("tp_check") or {}
+      line += (f(c.get("speedup_vs_1dev"), ".2f"), f(c.get("logits_max_abs_diff"), ".2e"),
+               f(c.get("logits_rel_diff"), ".2e"),
+               "-" if not c else f"{c['greedy']['agree']:.3f}")
+    lines.append(line)
   widths = [max(len(str(x)) for x in col) for col in zip(head, *lines)]
   fmt = lambda row: "  ".join(str(c).ljust(w) for c, w in zip(row, widths))  # noqa: E731
   return "\n".join([fmt(head), fmt(["-" * w for w in widths])] + [fmt(r) for r in lines])
@@ -896,6 +1281,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   ap.add_argument("--save", metavar="DIR",
                   help="save every format's model to DIR/<format> (orbax; ':' becomes '-', e.g. "
                        "DIR/wo-nvfp4) and the model shape to DIR/config.json")
+  ap.add_argument("--tensor-parallel", type=int, default=1, metavar="N",
+                  help="tensor parallelism over the first N devices (mesh axis 'tp'): wqkv / "
+                       "w_gate_up split by output features, wo / w_down by K (all-reduce), the KV "
+                       "cache by KV heads, the lm_head by vocabulary rows (default 1; on a CPU: "
+                       "XLA_FLAGS=--xla_force_host_platform_device_count=N)")
+  ap.add_argument("--check-tp", action="store_true",
+                  help="with --tensor-parallel N > 1: also run every format on one device and "
+                       "report the logits' max abs / relative difference and greedy-token "
+                       "agreement")
   ap.add_argument("--load", metavar="DIR",
                   help="load every format's model from DIR (written by --save with the same "
                        "shape flags) instead of generating and quantizing the weights")
@@ -911,6 +1305,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   try:
     cfg = LlamaConfig(layers=args.layers, **shape)
     cfg.check_shapes({parse_variant(fmt).kind for fmt in formats})
+    check_tp_shapes(cfg, args.tensor_parallel)
+    if args.tensor_parallel > 1 and (args.save or args.load):
+      raise ValueError("--save / --load work with --tensor-parallel 1 only")
     if args.save or args.load:
       labels = ["bf16"] + [parse_variant(f).label for f in formats]
       _check_checkpoint_dirs(cfg, list(dict.fromkeys(labels)), args.save, args.load)
@@ -920,7 +1317,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     result = run(formats, cfg, batch=args.batch, prompt_len=args.prompt_len,
                  gen_tokens=args.gen_tokens, max_seq=args.max_seq, repeats=args.repeats,
                  seed=args.seed, progress=not args.no_progress, save_dir=args.save,
-                 load_dir=args.load)
+                 load_dir=args.load, tp=args.tensor_parallel, check_tp=args.check_tp)
   except jax_gmma.KernelUnavailable as e:
     print(f"llama_decode: {e}", file=sys.stderr)
     return 2
@@ -937,6 +1334,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "norms are bf16 in every row. emu:FMT rows are a quantize-dequantize emulation in "
         "float32, not a GEMM kernel: their speed is not a format's speed. wo:FMT rows are FP4 "
         "weight-only GEMMs: FP4/FP6 weights, bf16 activations (no activation quantization).")
+  if result["tensor_parallel"] > 1:
+    print(f"\ntensor parallel over {result['tensor_parallel']} devices: GiB/device: the weights "
+          "one device holds; the float model's wqkv / w_gate_up rows are grouped per device "
+          "(tp_layout), so block-scaled formats quantize other blocks than a 1-device run of the "
+          "plain model."
+          + (" x 1 device: tok/s over the same variant's on one device; max|d| / rel d: its "
+             "prefill logits against the 1-device run's (max abs, relative Frobenius); greedy = 1 "
+             "dev: fraction of generated tokens equal to the 1-device run's."
+             if result["check_tp"] else ""))
   calls = {r["format"]: r["custom_calls"] for r in result["results"] if r["custom_calls"]}
   if calls:
     print("\ncustom calls in each compiled decode program:")

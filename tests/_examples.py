@@ -15,16 +15,28 @@ import jax_gmma
 from jax_gmma import _backend
 
 EXAMPLES_DIR = Path(__file__).resolve().parents[1] / "examples"
+BENCHMARKS_DIR = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
-def load_example(filename: str, module_name: str):
-  """Import ``examples/<filename>`` from its path as module ``module_name`` (registered in
-  sys.modules, so jit-static dataclasses and pickling can find it); returns the module."""
-  spec = importlib.util.spec_from_file_location(module_name, EXAMPLES_DIR / filename)
+def load_example(filename: str, module_name: str, directory: Path = EXAMPLES_DIR):
+  """Import ``examples/<filename>`` (or ``directory/<filename>``) from its path as module
+  ``module_name`` (registered in sys.modules, so jit-static dataclasses and pickling can find
+  it); returns the module."""
+  spec = importlib.util.spec_from_file_location(module_name, directory / filename)
   mod = importlib.util.module_from_spec(spec)
   sys.modules[spec.name] = mod
   spec.loader.exec_module(mod)
   return mod
+
+
+def load_benchmark(filename: str, module_name: str):
+  """``benchmarks/<filename>`` as module ``module_name``, its directory on sys.path while it
+  imports (the benchmarks import their shared helpers from bench_fp8)."""
+  sys.path.insert(0, str(BENCHMARKS_DIR))
+  try:
+    return load_example(filename, module_name, BENCHMARKS_DIR)
+  finally:
+    sys.path.pop(0)
 
 
 def skip_unless_dot_runs() -> None:

@@ -3,7 +3,6 @@ run checks every variant against float64 and writes the JSON / markdown / PNG re
 FP8 spellings equal jax.lax.ragged_dot's rule (empty groups, rows past the groups); the routing
 is computed on the device; ours on a GPU without a grouped kernel becomes an "unavailable" cell
 with jax-gmma's reason (simulated here), or the reference with --allow-reference."""
-import importlib.util
 import json
 import os
 import subprocess
@@ -11,6 +10,7 @@ import sys
 
 import numpy as np
 import pytest
+from _examples import load_benchmark
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "benchmarks", "bench_moe.py")
@@ -23,16 +23,7 @@ MEASURED = {"median_us", "chain_us", "tflops", "rel_err", "quant_err", "tol", "v
 
 
 def _load():
-  """benchmarks/bench_moe.py as a module (its directory on sys.path while it imports)."""
-  sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-  try:
-    spec = importlib.util.spec_from_file_location("bench_moe_under_test", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
-  finally:
-    sys.path.pop(0)
+  return load_benchmark("bench_moe.py", "bench_moe_under_test")
 
 
 def _env():
@@ -159,7 +150,7 @@ def test_ours_unavailable_on_a_gpu_is_recorded_not_fatal(bm, tmp_path, monkeypat
   with jax-gmma's reason and the run succeeds; --allow-reference times the reference instead."""
   from jax_gmma import _backend
   monkeypatch.setattr(_backend, "cuda_devices", lambda: ["fake"])
-  monkeypatch.setattr(bm, "warm_gpu", lambda *a, **kw: None)
+  monkeypatch.setattr(sys.modules["bench_fp8"], "warm_gpu", lambda *a, **kw: None)  # RunBase.begin
   argv = ["--quick", "--no-torch", "--no-plot", "--prefill-tokens", "", "--routings", "uniform",
           "--impls", "ours_fp8_128x128,lax_ragged_dot_bf16"]
   assert bm.main(argv + ["--out", str(tmp_path / "a")]) == 0
