@@ -1170,9 +1170,10 @@ def weightonly_gemm(x, w: PackedWeight, *, x_scale=None, bias=None, out_dtype=No
 
 #: Real float dtypes accepted for x_scale (converted to float32) and bias.
 SCALE_DTYPES = (shapes.BF16, shapes.F16, shapes.F32)
-#: The token count (M) the CTA shape is picked for when M is symbolic (jax.export): the shapes
-#: for more than 16 tokens.
-SYMBOLIC_M_PICK = 17
+#: The token count (M) the CTA shape is picked for when M is symbolic (jax.export): the mma.sync
+#: decode kernel's 16-token shapes, right and streaming the weights at any M (the tensor-core
+#: shapes, from 17 tokens, are picked where M is known).
+SYMBOLIC_M_PICK = 16
 
 
 def _out_dtype(out_dtype, allowed, who: str):
