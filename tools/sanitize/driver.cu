@@ -806,6 +806,7 @@ struct WoCase {
   int64_t m, n, kp;
   int rows, tokens, kw;  // 0, 0, 0: the kernel's own pick
   bool f32, x_scale, bias, quick;
+  const char* sizes = nullptr;  // the grouped kernel (FP4 / FP6 experts): group sizes (parse_sizes)
 };
 
 const WoCase kWeightonly[] = {
@@ -831,6 +832,14 @@ const WoCase kWeightonly[] = {
     {kMxfp4, 128, 128, 1088, 64, 128, 4, false, true, true, true},
     {kMxfp6E2M3, 100, 256, 192, 128, 128, 4, true, false, false, false},
     {kNvfp4, 48, 1024, 512, 0, 0, 0, false, true, true, false},
+    // the grouped kernels (experts back to back, the kernel's own pick): the mma.sync one for a
+    // few rows per expert slot, the tensor-core one from 17 (64 / 128-token tiles); empty
+    // experts, experts over several token tiles, rows past the groups' total
+    {kNvfp4, 24, 208, 192, 0, 0, 0, false, true, true, true, "3,0,13,5"},
+    {kMxfp6E3M2, 9, 96, 256, 0, 0, 0, true, false, false, false, "0*6,4,0*3,5"},
+    {kMxfp4, 70, 256, 448, 0, 0, 0, false, false, true, true, "30,0,36"},
+    {kMxfp6E2M3, 130, 256, 192, 0, 0, 0, true, true, false, false, "5,120,5"},
+    {kNvfp4, 600, 256, 320, 0, 0, 0, false, false, true, false, "150,0,300,130"},
 };
 
 // Random prepared weight bytes: every 4- / 6-bit code is a finite number; block-scale codes in
@@ -845,12 +854,14 @@ void random_prepared(Rng& r, int fmt, int64_t n, int64_t kp, std::vector<uint8_t
 }
 
 std::string wo_name(const WoCase& c) {
-  char buf[200];
-  std::snprintf(buf, sizeof buf, "%s M=%lld N=%lld Kp=%lld cta=%s ->%s%s%s", wo_fmt_name(c.fmt),
-                static_cast<long long>(c.m), static_cast<long long>(c.n), static_cast<long long>(c.kp),
+  char buf[240];
+  std::snprintf(buf, sizeof buf, "%s%s M=%lld N=%lld Kp=%lld cta=%s ->%s%s%s%s%s", c.sizes ? "grouped " : "",
+                wo_fmt_name(c.fmt), static_cast<long long>(c.m), static_cast<long long>(c.n),
+                static_cast<long long>(c.kp),
                 c.rows ? (std::to_string(c.rows) + "x" + std::to_string(c.tokens) + "/kw" + std::to_string(c.kw)).c_str()
                        : "auto",
-                c.f32 ? "f32" : "bf16", c.x_scale ? " x_scale" : "", c.bias ? " bias" : "");
+                c.f32 ? "f32" : "bf16", c.x_scale ? " x_scale" : "", c.bias ? " bias" : "",
+                c.sizes ? " sizes=" : "", c.sizes ? c.sizes : "");
   return buf;
 }
 
@@ -868,21 +879,37 @@ Outcome run_weightonly(const WoCase& c, Ctx& ctx) {
     hx[i] = f32_to_bf16(r.uniform(-1.f, 1.f));
     fx[i] = bf16_to_f32(hx[i]);
   }
+  // G experts (1 without sizes) back to back: codes, scale codes, global scales, bias rows.
+  const std::vector<int32_t> sizes = c.sizes ? parse_sizes(c.sizes) : std::vector<int32_t>{};
+  const int64_t ng = c.sizes ? static_cast<int64_t>(sizes.size()) : 1;
   std::vector<uint8_t> packed, scales;
-  random_prepared(r, c.fmt, n, kp, packed, scales);
   std::vector<float> w;
-  if (!wo_decode(c.fmt, n, kp, packed.data(), scales.data(), w)) {
-    o.status = "FAIL";
-    o.detail = "host decoder: inconsistent FP6 tables";
-    return o;
+  for (int64_t e = 0; e < ng; ++e) {
+    std::vector<uint8_t> pe, se;
+    std::vector<float> we;
+    random_prepared(r, c.fmt, n, kp, pe, se);
+    if (!wo_decode(c.fmt, n, kp, pe.data(), se.data(), we)) {
+      o.status = "FAIL";
+      o.detail = "host decoder: inconsistent FP6 tables";
+      return o;
+    }
+    packed.insert(packed.end(), pe.begin(), pe.end());
+    scales.insert(scales.end(), se.begin(), se.end());
+    w.insert(w.end(), we.begin(), we.end());
   }
   std::vector<float> xs(m, 1.f);
   if (c.x_scale)
     for (float& v : xs) v = r.uniform(0.5f, 2.f);
-  const float wg = c.fmt == kNvfp4 ? 0.75f : 1.f;
+  std::vector<float> wgs(ng, 1.f);
+  if (c.fmt == kNvfp4)
+    for (float& v : wgs) v = r.uniform(0.5f, 1.f);
   std::vector<uint8_t> hbias;
   std::vector<float> fbias;
-  if (c.bias) random_out_vec(r, dt, n, hbias, fbias);
+  if (c.bias) random_out_vec(r, dt, n * ng, hbias, fbias);
+  // The expert of each row (-1: past the groups' total, a zero row).
+  std::vector<int64_t> expert(m, c.sizes ? -1 : 0);
+  for (int64_t e = 0, row = 0; e < ng && c.sizes; ++e)
+    for (int32_t i = 0; i < sizes[e] && row < m; ++i) expert[row++] = e;
 
   DevBuf dx = upload_vec(hx), dp = upload_vec(packed), ds = upload_vec(scales);
   DevBuf dxs, dwg, dbias;
@@ -897,8 +924,8 @@ Outcome run_weightonly(const WoCase& c, Ctx& ctx) {
     a.x_scale = static_cast<const float*>(dxs.p());
   }
   if (c.fmt == kNvfp4) {
-    dwg.alloc(4);
-    dwg.upload(&wg);
+    dwg.alloc(4 * ng);
+    dwg.upload(wgs.data());
     a.w_global = static_cast<const float*>(dwg.p());
   }
   if (c.bias) {
@@ -914,27 +941,50 @@ Outcome run_weightonly(const WoCase& c, Ctx& ctx) {
   a.rows_per_cta = c.rows;
   a.tokens_per_cta = c.tokens;
   a.k_warps = c.kw;
-  if (const char* why = jax_gmma::weightonly_check(a)) {
-    o.status = "SKIP";
-    o.detail = std::string("weightonly_check: ") + why;
-    return o;
+  jax_gmma::WoCta cta;
+  DevBuf dsizes(sizes.size() * 4), drow(c.sizes ? 4 : 0);
+  if (c.sizes) {
+    const int32_t row0 = 0;
+    dsizes.upload(sizes.data());
+    drow.upload(&row0);
+    jax_gmma::WoGroups g;
+    g.sizes = static_cast<const int32_t*>(dsizes.p());
+    g.row_ids = static_cast<const int32_t*>(drow.p());
+    g.count = ng;
+    if (const char* why = jax_gmma::weightonly_grouped_check(a, g)) {
+      o.status = "SKIP";
+      o.detail = std::string("weightonly_grouped_check: ") + why;
+      return o;
+    }
+    cta = jax_gmma::weightonly_grouped_pick(m, n, kp, ng, a.scale);
+    CK(jax_gmma::weightonly_grouped_run(a, g, ctx.stream));
+  } else {
+    if (const char* why = jax_gmma::weightonly_check(a)) {
+      o.status = "SKIP";
+      o.detail = std::string("weightonly_check: ") + why;
+      return o;
+    }
+    cta = jax_gmma::weightonly_resolve(a);
+    CK(jax_gmma::weightonly_run(a, ctx.stream));
   }
-  const jax_gmma::WoCta cta = jax_gmma::weightonly_resolve(a);
-  CK(jax_gmma::weightonly_run(a, ctx.stream));
   ++o.launches;
   CK(cudaStreamSynchronize(ctx.stream));
   CK(cudaGetLastError());
   const std::vector<uint8_t> raw = dd.download();
 
-  std::vector<double> ref(m * n);
-  for (int64_t i = 0; i < m; ++i)
+  std::vector<double> ref(m * n, 0.0);
+  for (int64_t i = 0; i < m; ++i) {
+    const int64_t e = expert[i];
+    if (e < 0) continue;  // past the groups' total: zeros
+    const float* we = w.data() + e * n * kp;
     for (int64_t j = 0; j < n; ++j) {
       double acc = 0;
-      for (int64_t kk = 0; kk < kp; ++kk) acc += static_cast<double>(fx[i * kp + kk]) * w[j * kp + kk];
-      acc *= static_cast<double>(wg) * xs[i];
-      if (c.bias) acc += fbias[j];
+      for (int64_t kk = 0; kk < kp; ++kk) acc += static_cast<double>(fx[i * kp + kk]) * we[j * kp + kk];
+      acc *= static_cast<double>(wgs[e]) * xs[i];
+      if (c.bias) acc += fbias[e * n + j];
       ref[i * n + j] = acc;
     }
+  }
   const Check chk = compare_gemm(decode_out(raw, dt), ref, kTolFrob, kTolElem);
   std::snprintf(buf, sizeof buf, " ran cta=%dx%d/kw%d", cta.rows, cta.tokens, cta.k_warps);
   o.detail = chk.detail + buf;
