@@ -57,19 +57,19 @@ DEFAULT_MS = "1,8,16,32,64"
 PEERS = ("channel", "xla_fp8", "bf16")
 
 
-def _next(out, k):
+def next_x(out, k):
   n = out.shape[1]
   if n < k:
     out = jnp.concatenate([out] * math.ceil(k / n), axis=1)
   return out[:, :k]
 
 
-def _chain(step, k):
+def chain_of(step, k):
   def f(x, ws):
     out = None
     for i in range(CHAIN):
       out = step(x, ws[i % len(ws)])
-      x = _next(out, k) * 1.01
+      x = next_x(out, k) * 1.01
     return out
   return f
 
@@ -134,7 +134,7 @@ def measure(nk, ms, log):
       compiled, errs = {}, {}
       ref = np.asarray(_bw(wgmma, True)(x, w128[0]).astype(F32))
       for name, (step, ws) in fns.items():
-        compiled[name] = (jax.jit(_chain(step, k)).lower(x, tuple(ws)).compile(), tuple(ws))
+        compiled[name] = (jax.jit(chain_of(step, k)).lower(x, tuple(ws)).compile(), tuple(ws))
         if name.startswith("bw"):
           o = np.asarray(jax.jit(step)(x, w128[0]).astype(F32))
           errs[name] = float(np.linalg.norm(o - ref) / np.linalg.norm(ref))
@@ -161,7 +161,7 @@ def ours_us(row):
 
 
 def markdown(meta, rows):
-  out = [f"# Block-scaled FP8 decode sweep (fp8_128x128 weights, 1x128 activations)", "",
+  out = ["# Block-scaled FP8 decode sweep (fp8_128x128 weights, 1x128 activations)", "",
          f"- date: {meta['date']}", f"- device: {meta['device']}",
          f"- jax {meta['jax']}, jax-gmma {meta['jax_gmma']}; XLA_FLAGS='{meta['xla_flags']}'",
          f"- chains of {CHAIN} dependent GEMMs in one jitted program, bf16 activation in and out, "
@@ -186,7 +186,9 @@ def markdown(meta, rows):
   return "\n".join(out)
 
 
-def plot(path, rows):
+def shape_axes(rows):
+  """matplotlib (plt, fig, axes, shapes): one panel per (N, K) of `rows`, smallest first, M on a
+  log2 axis; None without matplotlib."""
   try:
     import matplotlib
     matplotlib.use("Agg")
@@ -194,58 +196,89 @@ def plot(path, rows):
   except ImportError:
     return None
   shapes_ = sorted({(r["n"], r["k"]) for r in rows}, key=lambda s: (s[0] * s[1], s))
-  fig, axes = plt.subplots(1, len(shapes_), figsize=(3.2 * len(shapes_), 3.2), sharey=True)
+  fig, axes = plt.subplots(1, len(shapes_), figsize=(3.3 * len(shapes_), 3.3), sharey=True)
   axes = np.atleast_1d(axes)
   for ax, (n, k) in zip(axes, shapes_):
-    rs = sorted((r for r in rows if (r["n"], r["k"]) == (n, k)), key=lambda r: r["m"])
-    ms = [r["m"] for r in rs]
-    ax.plot(ms, [r["us"]["xla_fp8"] / ours_us(r) for r in rs], "o-", label="ours fp8_128x128")
-    ax.plot(ms, [r["us"]["xla_fp8"] / r["us"]["channel"] for r in rs], "s--", label="ours fp8_channel")
-    ax.plot(ms, [r["us"]["xla_fp8"] / r["us"]["bf16"] for r in rs], "^:", label="bf16")
     ax.axhline(1.0, color="gray", lw=0.8)
     ax.set_xscale("log", base=2)
     ax.set_title(f"{n} x {k}", fontsize=9)
     ax.set_xlabel("M (tokens)")
   axes[0].set_ylabel("speed vs XLA FP8 (x)")
-  axes[0].legend(fontsize=7)
+  return plt, fig, axes, shapes_
+
+
+def save_figure(plt, fig, axes, path):
+  axes[0].legend(fontsize=6)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)
   return path
 
 
-def write(out_dir, meta, rows):
+def plot(path, rows):
+  made = shape_axes(rows)
+  if made is None:
+    return None
+  plt, fig, axes, shapes_ = made
+  for ax, (n, k) in zip(axes, shapes_):
+    rs = sorted((r for r in rows if (r["n"], r["k"]) == (n, k)), key=lambda r: r["m"])
+    ms = [r["m"] for r in rs]
+    ax.plot(ms, [r["us"]["xla_fp8"] / ours_us(r) for r in rs], "o-", label="ours fp8_128x128")
+    ax.plot(ms, [r["us"]["xla_fp8"] / r["us"]["channel"] for r in rs], "s--", label="ours fp8_channel")
+    ax.plot(ms, [r["us"]["xla_fp8"] / r["us"]["bf16"] for r in rs], "^:", label="bf16")
+  return save_figure(plt, fig, axes, path)
+
+
+def write_sweep(out_dir, name, meta, rows, markdown_fn, plot_fn):
+  """DIR/NAME.json (meta + rows), .md (markdown_fn) and .png (plot_fn)."""
   os.makedirs(out_dir, exist_ok=True)
-  base = os.path.join(out_dir, NAME)
+  base = os.path.join(out_dir, name)
   with open(base + ".json", "w") as f:
     json.dump(dict(meta=meta, rows=rows), f, indent=1)
   with open(base + ".md", "w") as f:
-    f.write(markdown(meta, rows))
-  plot(base + ".png", rows)
+    f.write(markdown_fn(meta, rows))
+  plot_fn(base + ".png", rows)
+
+
+def sweep_parser(doc, default_nk, default_ms):
+  """The options every decode sweep takes: --out, --nk, --ms, --report."""
+  p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+  p.add_argument("--out", default="bench_out")
+  p.add_argument("--nk", default=default_nk, help="comma list of NxK")
+  p.add_argument("--ms", default=default_ms, help="comma list of M")
+  p.add_argument("--report", metavar="DIR", help="re-render DIR's JSON as markdown and PNG")
+  return p
+
+
+def rerender(report_dir, name, markdown_fn, plot_fn):
+  with open(os.path.join(report_dir, name + ".json")) as f:
+    data = json.load(f)
+  write_sweep(report_dir, name, data["meta"], data["rows"], markdown_fn, plot_fn)
+  return 0
+
+
+def grid(a):
+  """(N, K) pairs and Ms of the parsed --nk / --ms."""
+  return ([tuple(int(v) for v in s.split("x")) for s in a.nk.split(",") if s],
+          [int(v) for v in a.ms.split(",") if v])
+
+
+def sweep_meta(**extra):
+  dev = jax.devices()[0]
+  return dict(date=datetime.date.today().isoformat(), device=f"{dev.device_kind} ({dev.platform})",
+              jax=jax.__version__, jax_gmma=jax_gmma.__version__,
+              xla_flags=os.environ.get("XLA_FLAGS", ""), chain=CHAIN, **extra)
 
 
 def main(argv=None):
-  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("--out", default="bench_out")
-  p.add_argument("--nk", default=DEFAULT_NK, help="comma list of NxK")
-  p.add_argument("--ms", default=DEFAULT_MS, help="comma list of M")
-  p.add_argument("--report", metavar="DIR", help="re-render DIR's JSON as markdown and PNG")
-  a = p.parse_args(argv)
+  a = sweep_parser(__doc__, DEFAULT_NK, DEFAULT_MS).parse_args(argv)
   if a.report:
-    with open(os.path.join(a.report, NAME + ".json")) as f:
-      data = json.load(f)
-    write(a.report, data["meta"], data["rows"])
-    return 0
-  nk = [tuple(int(v) for v in s.split("x")) for s in a.nk.split(",") if s]
-  ms = [int(v) for v in a.ms.split(",") if v]
-  dev = jax.devices()[0]
-  meta = dict(date=datetime.date.today().isoformat(), device=f"{dev.device_kind} ({dev.platform})",
-              jax=jax.__version__, jax_gmma=jax_gmma.__version__,
-              xla_flags=os.environ.get("XLA_FLAGS", ""), chain=CHAIN,
-              rel_diff_reference="the wgmma swap config's output (XLA-quantized activation)")
+    return rerender(a.report, NAME, markdown, plot)
+  nk, ms = grid(a)
+  meta = sweep_meta(rel_diff_reference="the wgmma swap config's output (XLA-quantized activation)")
   t0 = time.time()
   rows = measure(nk, ms, lambda s: print(s, flush=True))
-  write(a.out, meta, rows)
+  write_sweep(a.out, NAME, meta, rows, markdown, plot)
   print(f"wrote {a.out}/{NAME}.{{json,md,png}} in {time.time() - t0:.0f} s")
   return 0
 

@@ -31,6 +31,9 @@
 #   blockwise_decode   benchmarks/bench_blockwise.py --suite decode
 #   blockwise_quant    benchmarks/bench_blockwise.py --suite quant
 #   blockwise_decode_sweep  benchmarks/blockwise_decode_sweep.py (dot on 128x128 weights, M 1-64)
+#   decode_sweep       benchmarks/decode_sweep.py (every weight format through dot, M 1-256, the
+#                      Llama / Qwen projection shapes, ratios to XLA's FP8 dot and the goals;
+#                      narrow it with DECODE_SWEEP_ARGS="--nk 8192x8192 --ms 16,64")
 #   weightonly_decode  benchmarks/bench_weightonly.py --suite decode
 #   weightonly_prefill benchmarks/bench_weightonly.py --suite prefill
 #   train              benchmarks/bench_train.py (default shapes)
@@ -144,7 +147,7 @@ step() {
     fp8_host) bench "$1" benchmarks/bench_fp8.py bench_fp8 --suite host ;;
     blockwise_large|blockwise_decode|blockwise_quant)
       bench "$1" benchmarks/bench_blockwise.py bench_blockwise --suite "${1#blockwise_}" ;;
-    blockwise_decode_sweep) bench "$1" benchmarks/blockwise_decode_sweep.py "$1" ;;
+    blockwise_decode_sweep|decode_sweep) bench "$1" benchmarks/"$1".py "$1" ;;
     weightonly_decode|weightonly_prefill)
       bench "$1" benchmarks/bench_weightonly.py bench_weightonly --suite "${1#weightonly_}" ;;
     train) bench "$1" benchmarks/bench_train.py bench_train ;;

@@ -37,6 +37,7 @@
 
 #include "jax_gmma/weightonly_api.h"
 #include "jax_gmma/weightonly_common.cuh"
+#include "jax_gmma/weightonly_wgmma.cuh"
 
 namespace jax_gmma {
 namespace {
@@ -189,6 +190,11 @@ struct Fp4Tile {
   }
 };
 
+#ifndef JAX_GMMA_WO_TC_DEPTH
+#define JAX_GMMA_WO_TC_DEPTH 4  // the tensor-core kernel's weight prefetch depth (K steps of 64)
+#endif
+constexpr int kWoTcDepth = JAX_GMMA_WO_TC_DEPTH;
+
 #ifndef JAX_GMMA_WO_DEPTH
 #define JAX_GMMA_WO_DEPTH 4  // weight prefetch depth (K steps of 64 in flight per warp)
 #define JAX_GMMA_WO_SHALLOW_RING 1  // fp4_shallow_tile applies (off when a tuning build forces D)
@@ -210,6 +216,8 @@ inline bool fp4_shallow_k(int64_t k) { return k / 64 <= 16 * 8; }
 
 template <WoScale S, typename OutT, int D = JAX_GMMA_WO_DEPTH>
 cudaError_t dispatch_tile(const WoArgs& a, const WoCta& c, cudaStream_t stream) {
+  if (c.tokens >= 32)  // the tensor-core kernel (weightonly_wgmma.cuh)
+    return launch_tc<Fp4Tile<S>, OutT, kWoTcDepth>(a, wo_tc_shape_index(c.rows, c.tokens, c.k_warps), stream);
   return dispatch_tile_shape(c.rows, c.tokens, c.k_warps, [&](auto rs, auto nt, auto wk, auto wr) {
     constexpr int RS = decltype(rs)::value, NT = decltype(nt)::value;
     constexpr int WK = decltype(wk)::value, WR = decltype(wr)::value;
@@ -223,6 +231,14 @@ cudaError_t dispatch_tile(const WoArgs& a, const WoCta& c, cudaStream_t stream) 
 }  // namespace
 
 WoCta weightonly_pick(int64_t m, int64_t n, int64_t k, WoScale scale) {
+  if (m > 16) {  // the tensor-core kernel: one decoded weight fragment feeds NT tokens
+    const WoCta tc = weightonly_tc_pick(m, n, k, scale);
+    if (tc.rows) return tc;
+  }
+  return weightonly_decode_pick(m, n, k, scale);
+}
+
+WoCta weightonly_decode_pick(int64_t m, int64_t n, int64_t k, WoScale scale) {
   // Measured on the H200, every shape of kWoCtaShapes at N x K = 28672 x 8192, 8192 x 8192,
   // 8192 x 28672, 4096 x 14336 and M = 1, 4, 16, 64 (benchmarks/kernels/bench_weightonly_kernel.cu;
   // measured 2026-11-30, CTA shapes and weight layout). The K
@@ -264,6 +280,25 @@ WoCta weightonly_pick(int64_t m, int64_t n, int64_t k, WoScale scale) {
   return c;
 }
 
+WoCta weightonly_tc_pick(int64_t m, int64_t n, int64_t k, WoScale scale) {
+  // Measured on the H200 (NVFP4, kernel alone, weights rotated past L2; every shape of
+  // kWoTcShapes against the mma.sync shapes; measured 2026-12-05): the tensor-core kernel wins
+  // from 33 tokens at N = 28672 x K = 8192 (64 tokens: 91 us against 176 for the best mma.sync
+  // shape) and from 65 tokens at 8192 x 8192 (128: 75 against 95); at 32 tokens, and at 64
+  // tokens with N = 8192, the mma.sync shapes are as fast or faster (8192 x 8192, 64 tokens: 45
+  // against 47). 64-token tiles with two row warp groups (128 rows, 256 threads) beat every
+  // other shape, 128-token tiles included (M = 128: 174 against 206-216 us).
+  (void)k;
+  (void)scale;
+  WoCta c;
+  if (m <= 32 || n % 128 != 0 || n / 128 > 65535) return c;  // none: the decode kernel's shapes
+  if (m <= 64 && n / 16 < 1024) return c;
+  c.tokens = 64;
+  c.rows = 128;
+  c.k_warps = 4;
+  return c;
+}
+
 WoCta weightonly_resolve(const WoArgs& a) {
   const WoCta pick = weightonly_pick(a.m, a.n, a.k, a.scale);
   if (!a.rows_per_cta && !a.tokens_per_cta && !a.k_warps) return pick;
@@ -285,8 +320,14 @@ const char* weightonly_check(const WoArgs& a) {
       a.scale != WoScale::kMx6E3M2)
     return "unknown weight format (scale_kind)";
   const WoCta c = weightonly_resolve(a);
-  if (wo_cta_shape_index(c.rows, c.tokens, c.k_warps) < 0)
+  if (c.tokens >= 32) {
+    if (wo_tc_shape_index(c.rows, c.tokens, c.k_warps) < 0)
+      return "no tensor-core kernel for this CTA shape (rows_per_cta, tokens_per_cta, k_warps): see kWoTcShapes";
+    if (a.n / 16 * (a.k / 64) > UINT32_MAX) return "weight too large";
+    if (a.n / c.rows > 65535) return "N too large (more than 65535 row blocks)";
+  } else if (wo_cta_shape_index(c.rows, c.tokens, c.k_warps) < 0) {
     return "no kernel for this CTA shape (rows_per_cta, tokens_per_cta, k_warps): see kWoCtaShapes";
+  }
   if (a.n % c.rows != 0) return "N must be a multiple of rows_per_cta";
   if ((a.m + c.tokens - 1) / c.tokens > 65535) return "M too large";
   return nullptr;

@@ -27,6 +27,7 @@
 
 #include "jax_gmma/weightonly_api.h"
 #include "jax_gmma/weightonly_common.cuh"
+#include "jax_gmma/weightonly_wgmma.cuh"
 
 namespace jax_gmma {
 namespace {
@@ -247,12 +248,19 @@ struct Fp6Tile {
   }
 };
 
+#ifndef JAX_GMMA_WO6_TC_DEPTH
+#define JAX_GMMA_WO6_TC_DEPTH 2  // the tensor-core kernel's weight prefetch depth (K steps of 64)
+#endif
+constexpr int kWo6TcDepth = JAX_GMMA_WO6_TC_DEPTH;
+
 #ifndef JAX_GMMA_WO6_DEPTH
 #define JAX_GMMA_WO6_DEPTH 4  // weight prefetch depth (K steps of 64 in flight per warp)
 #endif
 
 template <WoScale S, typename OutT, int D = JAX_GMMA_WO6_DEPTH>
 cudaError_t dispatch_tile(const WoArgs& a, const WoCta& c, cudaStream_t stream) {
+  if (c.tokens >= 32)  // the tensor-core kernel (weightonly_wgmma.cuh)
+    return launch_tc<Fp6Tile<S>, OutT, kWo6TcDepth>(a, wo_tc_shape_index(c.rows, c.tokens, c.k_warps), stream);
   return dispatch_tile_shape(c.rows, c.tokens, c.k_warps, [&](auto rs, auto nt, auto wk, auto wr) {
     constexpr int RS = decltype(rs)::value, NT = decltype(nt)::value;
     constexpr int WK = decltype(wk)::value, WR = decltype(wr)::value;

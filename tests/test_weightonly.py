@@ -463,23 +463,31 @@ def test_pick_cta():
   assert wo.pick_cta(16, 28672, 8192, "nvfp4") == (32, 16, 2)
   assert wo.pick_cta(16, 8192, 8192, "nvfp4") == (16, 16, 4)
   assert wo.pick_cta(16, 4096, 14336, "mxfp4") == (16, 16, 8)
-  assert wo.pick_cta(64, 28672, 8192, "nvfp4") == (32, 16, 2)
-  assert wo.pick_cta(64, 4096, 14336, "nvfp4") == (32, 16, 4)
+  # the tensor-core kernel (128 rows x 64 tokens) from 33 tokens at N >= 16384, from 65 below
+  assert wo.pick_cta(17, 28672, 8192, "nvfp4") == (32, 16, 2)
+  assert wo.pick_cta(33, 28672, 8192, "nvfp4") == (128, 64, 4)
+  assert wo.pick_cta(64, 8192, 8192, "nvfp4") == (32, 16, 2)
+  assert wo.pick_cta(65, 8192, 8192, "mxfp4") == (128, 64, 4)
+  assert wo.pick_cta(127, 4096, 14336, "mxfp6_e2m3") == (128, 64, 4)
+  # N not a multiple of 128, or more than 65535 row blocks: the decode kernel's shapes
+  assert wo.pick_cta(100, 16 * 1028, 8192, "nvfp4")[1] == 16
+  assert wo.pick_cta(64, 16 * 3, 256, "nvfp4") == (16, 16, 8)
+  assert wo.pick_cta(64, 128 * 65535, 256, "nvfp4") == (128, 64, 4)
+  assert wo.pick_cta(64, 256 * 65536, 256, "nvfp4")[1] == 16
   # FP6
   assert wo.pick_cta(1, 28672, 8192, "mxfp6_e2m3") == (16, 8, 8)
   assert wo.pick_cta(1, 8192, 28672, "mxfp6_e3m2") == (32, 8, 8)
   assert wo.pick_cta(16, 28672, 8192, "mxfp6_e2m3") == (16, 16, 4)
   assert wo.pick_cta(16, 8192, 28672, "mxfp6_e2m3") == (16, 16, 8)
-  assert wo.pick_cta(64, 28672, 8192, "mxfp6_e3m2") == (32, 16, 2)
-  assert wo.pick_cta(64, 8192, 8192, "mxfp6_e3m2") == (64, 16, 2)
   # N not a multiple of the picked rows: the 16-row, 8-warp shape
   assert wo.pick_cta(16, 16 * 1025, 8192, "nvfp4") == (16, 16, 8)
-  assert wo.pick_cta(64, 16 * 3, 256, "nvfp4") == (16, 16, 8)
   for fmt in FORMATS:
     for m in (1, 5, 9, 16, 17, 64, 127):
       for n in (16, 48, 4096, 8192, 6144, 28672, 16 * 1025):
         c = wo.pick_cta(m, n, 8192, fmt)
-        assert c in wo.CTA_SHAPES and n % c[0] == 0, (fmt, m, n, c)
+        table = wo.TC_SHAPES if c[1] >= 32 else wo.CTA_SHAPES
+        assert c in table and n % c[0] == 0, (fmt, m, n, c)
+        assert (c[1] >= 32) == (n % 128 == 0 and (m > 64 or (m > 32 and n >= 16384))), (fmt, m, n, c)
   # forcing: unset fields from the pick, k_warps 8 when rows / tokens are forced
   assert wo.resolve_cta(1, 28672, 8192, "nvfp4") == (16, 8, 2)
   assert wo.resolve_cta(1, 28672, 8192, "nvfp4", rows=32) == (32, 8, 8)
@@ -494,9 +502,9 @@ def test_pick_cta_matches_the_cpp_rule():
   e = _backend.ext()
   if e is None or not e.cuda_built() or not hasattr(e, "weightonly_pick"):
     pytest.skip("jax_gmma extension not built with CUDA kernels (source tree / no nvcc)")
-  strips = (1, 3, 255, 256, 257, 383, 384, 511, 512, 513, 1023, 1024, 1025, 1792)
+  strips = (1, 3, 4, 255, 256, 257, 383, 384, 511, 512, 513, 1023, 1024, 1025, 1028, 1792)
   for fmt in wo.WEIGHT_FORMATS:
-    for m in (1, 2, 8, 9, 15, 16, 17, 33, 64, 127):
+    for m in (1, 2, 8, 9, 15, 16, 17, 32, 33, 64, 65, 127):
       for n in [16 * s for s in strips]:
         for k in (64, 8192, 16320, 16384, 28672):
           assert wo.pick_cta(m, n, k, fmt) == tuple(e.weightonly_pick(m, n, k, wo._SCALE_KIND[fmt])), (
@@ -512,6 +520,12 @@ def test_cta_shapes_match_the_kernel_table():
   body = body[:body.index("};")]
   shapes = [tuple(int(v) for v in t) for t in re.findall(r"\{(\d+), (\d+), (\d+), (\d+)\}", body)]
   assert tuple((16 * rs * wr, 8 * nt, wk) for rs, nt, wk, wr in shapes) == wo.CTA_SHAPES
+  src = open(os.path.join(os.path.dirname(__file__), "..", "cpp", "include", "jax_gmma",
+                          "weightonly_wgmma.cuh")).read()
+  body = src[src.index("kWoTcShapes[] = {"):]
+  body = body[:body.index("};")]
+  shapes = [tuple(int(v) for v in t) for t in re.findall(r"\{(\d+), (\d+), (\d+)\}", body)]
+  assert tuple((64 * wr, nt, 4 * wk) for nt, wr, wk in shapes) == wo.TC_SHAPES
 
 
 def test_cta_shape_errors():
@@ -625,15 +639,31 @@ def test_kernel_k_not_multiple_of_128(fmt, k):
   _check(fmt, 5, 256, k, seed=k, out_dtype=jnp.float32, bias=True)
 
 
+#: (CTA shape, M) cases: every mma.sync decode shape at 1 / 9 / 33 tokens, every tensor-core
+#: shape at 17 / 70 / 128 (partial and whole token tiles).
+TILE_CASES = ([(c, m) for c in wo.CTA_SHAPES for m in (1, 9, 33)] +
+              [(c, m) for c in wo.TC_SHAPES for m in (17, 70, 128)])
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("cta", wo.CTA_SHAPES, ids=lambda c: "%dx%dk%d" % c)
-@pytest.mark.parametrize("m", [1, 9, 33])
+@pytest.mark.parametrize("cta,m", TILE_CASES, ids=lambda v: "%dx%dk%d" % v if isinstance(v, tuple) else str(v))
 def test_kernel_every_tile(fmt, cta, m):
   rows, tokens, k_warps = cta
-  # K = 1088: 17 K steps, not a multiple of any K split (ragged last steps per warp)
+  # K = 1088: 17 K steps, not a multiple of any K split (ragged last steps per warp / warp group,
+  # and over the tensor-core kernel's 4-step weight ring)
   _check(fmt, m, 1024, 1088, seed=rows + tokens + k_warps + m, out_dtype=jnp.float32, rows=rows,
          tokens=tokens, k_warps=k_warps)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("k", [64, 192, 8192])
+@pytest.mark.parametrize("m", [20, 64, 127])
+def test_tensor_core_kernel_picked(fmt, k, m):
+  # The picked shapes (bf16 out, per-token scale, bias); K = 64 / 192 leave some of the K warp
+  # groups without a step (their partial sums are zero).
+  _check(fmt, m, 2048, k, seed=k + m, out_dtype=jnp.bfloat16, x_kind="fp8", bias=True)
 
 
 @pytest.mark.gpu

@@ -3,9 +3,12 @@
 
 Hopper has no FP4 / FP6 tensor-core instruction. The kernels (``cpp/sm90_fp4_gemm_weightonly.cu``,
 ``cpp/sm90_fp6_gemm_weightonly.cu``) widen the weights to bf16 in registers, apply each block
-scale exactly, and run bf16 ``mma.sync`` with float32 accumulation. They are built for decode
-(small M), where the weight bytes are the whole cost: FP4 moves half the bytes of FP8, FP6
-three quarters.
+scale exactly, and run bf16 ``mma.sync`` or bf16 ``wgmma`` with the decoded weights as its
+register operand (33 to 127 tokens where measured faster, :func:`pick_tc`;
+``cpp/include/jax_gmma/weightonly_wgmma.cuh``;
+the activations are written to shared memory in the prepared layout's K order), float32
+accumulation. They are built for decode and batched decode, where the weight bytes are most of
+the cost: FP4 moves half the bytes of FP8, FP6 three quarters.
 
 Use::
 
@@ -155,8 +158,14 @@ CTA_SHAPES = (
     (16, 8, 8), (16, 16, 8), (32, 8, 8), (32, 16, 8), (64, 8, 8), (64, 16, 8),
     (16, 8, 16), (16, 8, 4), (16, 16, 4), (32, 16, 4), (32, 16, 2), (64, 16, 2), (16, 8, 2),
 )
-ROWS_CHOICES = (16, 32, 64)
-TOKENS_CHOICES = (8, 16)
+#: The tensor-core kernel's CTA shapes (tokens 32 / 64 / 128: wgmma's N; rows 64 per row warp
+#: group; 4 warps per warp group along K), the mirror of kWoTcShapes
+#: (cpp/include/jax_gmma/weightonly_wgmma.cuh).
+TC_SHAPES = (
+    (64, 32, 16), (128, 32, 8), (64, 64, 8), (128, 64, 4), (256, 64, 4), (64, 128, 4), (128, 128, 4),
+)
+ROWS_CHOICES = (16, 32, 64, 128, 256)
+TOKENS_CHOICES = (8, 16, 32, 64, 128)
 K_WARPS_CHOICES = (16, 8, 4, 2)
 
 
@@ -241,6 +250,8 @@ MX_CODE_RANGE = {"mxfp4": (12, 138), "mxfp6_e2m3": (7, 138), "mxfp6_e3m2": (8, 1
 MAX_DIM = 2 ** 31 - 1
 #: The decode kernel's grid has at most this many token tiles (CUDA's grid y limit).
 MAX_TOKEN_TILES = 65535
+#: The tensor-core kernel's grid holds at most this many row blocks (N / rows per CTA).
+MAX_ROW_BLOCKS = 65535
 #: Float weights prepare() quantizes.
 W_DTYPES = (shapes.BF16, shapes.F16, shapes.F32, np.dtype(np.float64))
 
@@ -1023,6 +1034,10 @@ def pick_cta(m: int, n: int, k: int, fmt: str) -> tuple:
   """(rows per CTA, tokens per CTA, warps splitting K) the kernel picks for (M, N, K) and the
   weight format (mirrors weightonly_pick in cpp/sm90_fp4_gemm_weightonly.cu; measured on the
   H200, measured 2026-11-30, the CTA-shape and layout sweeps)."""
+  if m > 16:
+    tc = pick_tc(m, n)
+    if tc is not None:
+      return tc
   strips = n // 16
   tokens = 8 if m <= 8 else 16
   if fmt in ("nvfp4", "mxfp4"):
@@ -1043,6 +1058,18 @@ def pick_cta(m: int, n: int, k: int, fmt: str) -> tuple:
   if n % rows:
     rows, kw = 16, 8
   return rows, tokens, kw
+
+
+def pick_tc(m: int, n: int) -> Optional[tuple]:
+  """The tensor-core kernel's CTA shape, or None where the mma.sync decode shapes are as fast
+  (mirrors weightonly_tc_pick; measured on the H200, NVFP4, kernel alone): 64-token tiles with
+  128 rows from 33 tokens when N >= 16384 (28672 x 8192, 64 tokens: 91 us against 176 for the
+  best mma.sync shape), from 65 tokens otherwise (8192 x 8192, 128 tokens: 75 against 95)."""
+  if m <= 32 or n % 128 or n // 128 > MAX_ROW_BLOCKS:
+    return None
+  if m <= 64 and n // 16 < 1024:
+    return None
+  return 128, 64, 4
 
 
 def resolve_cta(m: int, n: int, k: int, fmt: str, rows=None, tokens=None, k_warps=None) -> tuple:
@@ -1112,9 +1139,10 @@ def weightonly_gemm(x, w: PackedWeight, *, x_scale=None, bias=None, out_dtype=No
     x_scale: None, a scalar or (..., M) per-token float32 scales.
     bias: optional (N,), added in float32.
     out_dtype: bfloat16 (default) or float32.
-    rows, tokens, k_warps: force the kernel's CTA shape (rows per CTA in 16/32/64, tokens per
-      CTA in 8/16, warps splitting K in 16/8/4/2; one of :data:`CTA_SHAPES`; unset fields take
-      the pick's value, k_warps 8 when rows or tokens are given); implies ``path="kernel"``.
+    rows, tokens, k_warps: force the kernel's CTA shape (one of :data:`CTA_SHAPES`, the
+      mma.sync decode kernel: 8 / 16 tokens per CTA, or of :data:`TC_SHAPES`, the tensor-core
+      kernel: 32 / 64 / 128 tokens; unset fields take the pick's value, k_warps 8 when rows or
+      tokens are given); implies ``path="kernel"``.
     path: "kernel" (the weight-only decode kernel), "dequant" (a prefill path: unpack the
       weight to bf16 once per call, then a bf16 tensor-core GEMM with float32 accumulation),
       "fp8" (the other prefill path, for FP8 x and MX weights whose ``fp8_exact`` is True: unpack
@@ -1125,9 +1153,11 @@ def weightonly_gemm(x, w: PackedWeight, *, x_scale=None, bias=None, out_dtype=No
       weight; only when asked for), or "auto" (default): "kernel" when M < :data:`PREFILL_MIN_M`,
       else "fp8" where it applies, else "dequant" ("auto" never rounds the weights).
 
-  The kernel is built for decode (M up to 16, where it streams the weights at HBM speed); it
-  is correct for any M but re-reads the weights per 16 tokens, so large M goes to a prefill
-  path. All paths multiply the same exact operands; the bf16 ones accumulate in float32, the
+  The kernel path is two kernels on the same prepared weight: the mma.sync decode kernel (it
+  streams the weights at HBM speed at a few tokens) and, from 33 tokens at N >= 16384 or 65
+  otherwise, the tensor-core kernel (the decoded weights are wgmma's register operand, 64 tokens
+  per CTA tile; :func:`pick_cta`).
+  Both are correct for any M; from :data:`PREFILL_MIN_M` tokens "auto" takes a prefill path. All paths multiply the same exact operands; the bf16 ones accumulate in float32, the
   FP8 GEMM in the tensor cores' narrower accumulator within each 128 of K and in float32 across
   them (float32 outputs agree with a float64 reference to ~1e-4 instead of ~1e-6).
   """
@@ -1238,11 +1268,14 @@ def _gemm(x, w, *, x_scale, bias, out_dtype, rows, tokens, k_warps, path, who):
   m_pick = m if concrete else SYMBOLIC_M_PICK
   rows, tokens, k_warps = resolve_cta(max(m_pick, 1), w.n, w.padded_k, w.format, rows, tokens,
                                       k_warps)
-  if (rows, tokens, k_warps) not in CTA_SHAPES:
+  if (rows, tokens, k_warps) not in CTA_SHAPES + TC_SHAPES:
     raise ValueError(f"{who}: no kernel for the CTA shape (rows, tokens, k_warps) = "
-                     f"{(rows, tokens, k_warps)}; built shapes: {CTA_SHAPES}")
+                     f"{(rows, tokens, k_warps)}; built shapes: {CTA_SHAPES + TC_SHAPES}")
   if w.n % rows:
     raise ValueError(f"{who}: rows = {rows} must divide N = {w.n}")
+  if tokens >= 32 and w.n // rows > MAX_ROW_BLOCKS:
+    raise ValueError(f"{who}: the tensor-core kernel takes at most {MAX_ROW_BLOCKS} blocks of "
+                     f"{rows} rows; N = {w.n} (use fewer tokens per CTA or more rows)")
   if path == "kernel" and concrete and -(-m // tokens) > MAX_TOKEN_TILES:
     raise ValueError(f"{who}: x has M = {m} tokens; path='kernel' takes at most "
                      f"{MAX_TOKEN_TILES * tokens} with {tokens} tokens per CTA (use path='dequant')")

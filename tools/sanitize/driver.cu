@@ -495,6 +495,16 @@ const WoCase kWeightonly[] = {
     {kMxfp4, 12, 48, 192, 16, 16, 4, true, false, false, false},
     {kMxfp6E2M3, 5, 64, 256, 32, 8, 8, false, false, false, false},
     {kNvfp4, 20, 128, 128, 64, 8, 8, false, false, true, false},
+    // the tensor-core kernel (tokens 32 / 64 / 128): every shape, partial token tiles, K steps
+    // ragged over the K warp groups and the weight ring; the last one its own pick
+    {kNvfp4, 17, 256, 1088, 64, 32, 16, false, true, true, true},
+    {kMxfp4, 40, 256, 1088, 128, 32, 8, true, false, false, true},
+    {kMxfp6E2M3, 70, 128, 576, 64, 64, 8, false, false, true, true},
+    {kMxfp6E3M2, 64, 256, 192, 128, 64, 4, true, true, false, false},
+    {kNvfp4, 33, 256, 320, 256, 64, 4, false, false, false, false},
+    {kMxfp4, 128, 128, 1088, 64, 128, 4, false, true, true, true},
+    {kMxfp6E2M3, 100, 256, 192, 128, 128, 4, true, false, false, false},
+    {kNvfp4, 48, 1024, 512, 0, 0, 0, false, true, true, false},
 };
 
 // Random prepared weight bytes: every 4- / 6-bit code is a finite number; block-scale codes in

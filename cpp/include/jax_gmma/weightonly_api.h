@@ -60,8 +60,10 @@ struct WoArgs {
   // The CTA shape (0: pick by shape): weight rows x tokens, and the warps that split K (a CTA
   // is one or more row groups of k_warps warps). Only the shapes listed in
   // weightonly_common.cuh (kWoCtaShapes) are built; weightonly_check refuses the others.
-  int32_t rows_per_cta = 0;         // 16, 32 or 64
-  int32_t tokens_per_cta = 0;       // 8 or 16
+  // Tokens 32, 64 or 128 name the tensor-core kernel's shapes (weightonly_wgmma.cuh,
+  // kWoTcShapes: rows 64 / 128 / 256, k_warps 4 per warp group along K).
+  int32_t rows_per_cta = 0;         // 16, 32 or 64 (tensor core: 64, 128, 256)
+  int32_t tokens_per_cta = 0;       // 8 or 16 (tensor core: 32, 64, 128)
   int32_t k_warps = 0;              // warps splitting K: 16, 8, 4 or 2 (0: 8 if rows or
                                     // tokens are given, else picked)
 };
@@ -78,6 +80,11 @@ cudaError_t weightonly_run(const WoArgs& a, cudaStream_t stream);
 // The CTA shape the kernel picks for (m, n, k) and the weight format when WoArgs leaves it
 // open (mirrored by jax_gmma.weightonly.pick_cta).
 WoCta weightonly_pick(int64_t m, int64_t n, int64_t k, WoScale scale);
+// The mma.sync decode kernel's CTA shape (8 or 16 tokens per CTA) for any m.
+WoCta weightonly_decode_pick(int64_t m, int64_t n, int64_t k, WoScale scale);
+// The tensor-core kernel's CTA shape for 16 < m (rows 0 when none fits N; mirrored by
+// jax_gmma.weightonly.pick_cta).
+WoCta weightonly_tc_pick(int64_t m, int64_t n, int64_t k, WoScale scale);
 // The CTA shape weightonly_run uses for `a` (its forced fields, the pick for the rest).
 WoCta weightonly_resolve(const WoArgs& a);
 
