@@ -353,32 +353,21 @@ WoCta weightonly_decode_pick(int64_t m, int64_t n, int64_t k, WoScale scale) {
 }
 
 WoCta weightonly_tc_pick(int64_t m, int64_t n, int64_t k, WoScale scale) {
-  // Untuned first choice (to be replaced by the measured sweep): more rows per CTA at large N
-  // (the row groups share the activation tile: fewer activation reads per weight byte), more
-  // warp groups along K at small N (more CTAs' worth of weight streams in flight).
+  // Measured on the H200 (NVFP4, kernel alone, weights rotated past L2; every shape of
+  // kWoTcShapes against the mma.sync shapes; measured 2026-12-05): the tensor-core kernel wins
+  // from 33 tokens at N = 28672 x K = 8192 (64 tokens: 91 us against 176 for the best mma.sync
+  // shape) and from 65 tokens at 8192 x 8192 (128: 75 against 95); at 32 tokens, and at 64
+  // tokens with N = 8192, the mma.sync shapes are as fast or faster (8192 x 8192, 64 tokens: 45
+  // against 47). 64-token tiles with two row warp groups (128 rows, 256 threads) beat every
+  // other shape, 128-token tiles included (M = 128: 174 against 206-216 us).
   (void)k;
   (void)scale;
-  const bool wide = n / 16 >= 1024;
   WoCta c;
-  if (m <= 32) {
-    c.tokens = 32;
-    c.rows = wide ? 128 : 64;
-    c.k_warps = wide ? 8 : 16;
-  } else if (m <= 64) {
-    c.tokens = 64;
-    c.rows = wide ? 128 : 64;
-    c.k_warps = wide ? 4 : 8;
-  } else {
-    c.tokens = 128;
-    c.rows = wide ? 128 : 64;
-    c.k_warps = 4;
-  }
-  if (n % c.rows != 0) {
-    if (n % 64 != 0) return WoCta{};  // none: the decode kernel's shapes take it
-    c.rows = 64;
-    c.k_warps = c.tokens == 32 ? 16 : (c.tokens == 64 ? 8 : 4);
-  }
-  if (n / c.rows > 65535) return WoCta{};  // the grid's row blocks
+  if (m <= 32 || n % 128 != 0 || n / 128 > 65535) return c;  // none: the decode kernel's shapes
+  if (m <= 64 && n / 16 < 1024) return c;
+  c.tokens = 64;
+  c.rows = 128;
+  c.k_warps = 4;
   return c;
 }
 

@@ -463,17 +463,15 @@ def test_pick_cta():
   assert wo.pick_cta(16, 28672, 8192, "nvfp4") == (32, 16, 2)
   assert wo.pick_cta(16, 8192, 8192, "nvfp4") == (16, 16, 4)
   assert wo.pick_cta(16, 4096, 14336, "mxfp4") == (16, 16, 8)
-  # from 17 tokens the tensor-core kernel: 32 / 64 / 128 tokens, 128 rows at N >= 16384
-  assert wo.pick_cta(17, 28672, 8192, "nvfp4") == (128, 32, 8)
-  assert wo.pick_cta(32, 8192, 8192, "nvfp4") == (64, 32, 16)
-  assert wo.pick_cta(64, 28672, 8192, "nvfp4") == (128, 64, 4)
-  assert wo.pick_cta(64, 4096, 14336, "nvfp4") == (64, 64, 8)
-  assert wo.pick_cta(127, 8192, 8192, "mxfp4") == (64, 128, 4)
-  assert wo.pick_cta(64, 28672, 8192, "mxfp6_e3m2") == (128, 64, 4)
-  # N a multiple of 64 but not of 128: 64 rows; not of 64: the decode kernel's shapes
-  assert wo.pick_cta(64, 16 * 1028, 8192, "nvfp4") == (64, 64, 8)
+  # the tensor-core kernel (128 rows x 64 tokens) from 33 tokens at N >= 16384, from 65 below
+  assert wo.pick_cta(17, 28672, 8192, "nvfp4") == (32, 16, 2)
+  assert wo.pick_cta(33, 28672, 8192, "nvfp4") == (128, 64, 4)
+  assert wo.pick_cta(64, 8192, 8192, "nvfp4") == (32, 16, 2)
+  assert wo.pick_cta(65, 8192, 8192, "mxfp4") == (128, 64, 4)
+  assert wo.pick_cta(127, 4096, 14336, "mxfp6_e2m3") == (128, 64, 4)
+  # N not a multiple of 128, or more than 65535 row blocks: the decode kernel's shapes
+  assert wo.pick_cta(100, 16 * 1028, 8192, "nvfp4")[1] == 16
   assert wo.pick_cta(64, 16 * 3, 256, "nvfp4") == (16, 16, 8)
-  # more than 65535 row blocks: the decode kernel's shapes
   assert wo.pick_cta(64, 128 * 65535, 256, "nvfp4") == (128, 64, 4)
   assert wo.pick_cta(64, 256 * 65536, 256, "nvfp4")[1] == 16
   # FP6
@@ -489,7 +487,7 @@ def test_pick_cta():
         c = wo.pick_cta(m, n, 8192, fmt)
         table = wo.TC_SHAPES if c[1] >= 32 else wo.CTA_SHAPES
         assert c in table and n % c[0] == 0, (fmt, m, n, c)
-        assert (c[1] >= 32) == (m > 16 and n % 64 == 0), (fmt, m, n, c)
+        assert (c[1] >= 32) == (n % 128 == 0 and (m > 64 or (m > 32 and n >= 16384))), (fmt, m, n, c)
   # forcing: unset fields from the pick, k_warps 8 when rows / tokens are forced
   assert wo.resolve_cta(1, 28672, 8192, "nvfp4") == (16, 8, 2)
   assert wo.resolve_cta(1, 28672, 8192, "nvfp4", rows=32) == (32, 8, 8)

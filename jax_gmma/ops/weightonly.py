@@ -3,8 +3,9 @@
 
 Hopper has no FP4 / FP6 tensor-core instruction. The kernels (``cpp/sm90_fp4_gemm_weightonly.cu``,
 ``cpp/sm90_fp6_gemm_weightonly.cu``) widen the weights to bf16 in registers, apply each block
-scale exactly, and run bf16 ``mma.sync`` (up to 16 tokens) or bf16 ``wgmma`` with the decoded
-weights as its register operand (17 to 127 tokens, ``cpp/include/jax_gmma/weightonly_wgmma.cuh``;
+scale exactly, and run bf16 ``mma.sync`` or bf16 ``wgmma`` with the decoded weights as its
+register operand (33 to 127 tokens where measured faster, :func:`pick_tc`;
+``cpp/include/jax_gmma/weightonly_wgmma.cuh``;
 the activations are written to shared memory in the prepared layout's K order), float32
 accumulation. They are built for decode and batched decode, where the weight bytes are most of
 the cost: FP4 moves half the bytes of FP8, FP6 three quarters.
@@ -1060,20 +1061,15 @@ def pick_cta(m: int, n: int, k: int, fmt: str) -> tuple:
 
 
 def pick_tc(m: int, n: int) -> Optional[tuple]:
-  """The tensor-core kernel's CTA shape for M > 16 tokens, or None when no shape divides N
-  (mirrors weightonly_tc_pick). Untuned first choice: 128 rows per CTA at N >= 16384 (the row
-  groups share each activation tile), more warp groups along K at small N."""
-  wide = n // 16 >= 1024
-  tokens = 32 if m <= 32 else 64 if m <= 64 else 128
-  rows = 128 if wide else 64
-  kw = {32: 8 if wide else 16, 64: 4 if wide else 8, 128: 4}[tokens]
-  if n % rows:
-    if n % 64:
-      return None
-    rows, kw = 64, {32: 16, 64: 8, 128: 4}[tokens]
-  if n // rows > MAX_ROW_BLOCKS:
+  """The tensor-core kernel's CTA shape, or None where the mma.sync decode shapes are as fast
+  (mirrors weightonly_tc_pick; measured on the H200, NVFP4, kernel alone): 64-token tiles with
+  128 rows from 33 tokens when N >= 16384 (28672 x 8192, 64 tokens: 91 us against 176 for the
+  best mma.sync shape), from 65 tokens otherwise (8192 x 8192, 128 tokens: 75 against 95)."""
+  if m <= 32 or n % 128 or n // 128 > MAX_ROW_BLOCKS:
     return None
-  return rows, tokens, kw
+  if m <= 64 and n // 16 < 1024:
+    return None
+  return 128, 64, 4
 
 
 def resolve_cta(m: int, n: int, k: int, fmt: str, rows=None, tokens=None, k_warps=None) -> tuple:
@@ -1157,9 +1153,10 @@ def weightonly_gemm(x, w: PackedWeight, *, x_scale=None, bias=None, out_dtype=No
       weight; only when asked for), or "auto" (default): "kernel" when M < :data:`PREFILL_MIN_M`,
       else "fp8" where it applies, else "dequant" ("auto" never rounds the weights).
 
-  The kernel path is two kernels on the same prepared weight: up to 16 tokens the mma.sync
-  decode kernel (it streams the weights at HBM speed), from 17 tokens the tensor-core kernel
-  (the decoded weights are wgmma's register operand, up to 128 tokens per CTA; :func:`pick_cta`).
+  The kernel path is two kernels on the same prepared weight: the mma.sync decode kernel (it
+  streams the weights at HBM speed at a few tokens) and, from 33 tokens at N >= 16384 or 65
+  otherwise, the tensor-core kernel (the decoded weights are wgmma's register operand, 64 tokens
+  per CTA tile; :func:`pick_cta`).
   Both are correct for any M; from :data:`PREFILL_MIN_M` tokens "auto" takes a prefill path. All paths multiply the same exact operands; the bf16 ones accumulate in float32, the
   FP8 GEMM in the tensor cores' narrower accumulator within each 128 of K and in float32 across
   them (float32 outputs agree with a float64 reference to ~1e-4 instead of ~1e-6).
