@@ -22,6 +22,9 @@ from jax_gmma.ops import grouped_configs as gc
 pytestmark = pytest.mark.gpu
 
 TOL = {jnp.bfloat16: 1e-2, jnp.float16: 2e-3, jnp.float32: 1e-5}
+#: float32 outputs of the CUTLASS prefill kernels: Hopper's FP8 wgmma accumulates with fewer
+#: mantissa bits than float32 between the per-128-K promotions (the dense blockwise tests' bound)
+PREFILL_F32_TOL = 1e-3
 _seed = [0]
 
 
@@ -61,7 +64,7 @@ def _ref64(xq, wq, sizes, bias):
 
 
 def run_case(fmt, m, n, k, sizes, *, out_dtype=jnp.bfloat16, bias=False, config=None,
-             x_format=None, monkeypatch=None):
+             x_format=None, monkeypatch=None, tol=None):
   rng = _rng()
   g = len(sizes)
   w = (rng.standard_normal((g, n, k)) * rng.uniform(0.5, 4, (g, 1, 1))).astype(np.float32)
@@ -82,8 +85,9 @@ def run_case(fmt, m, n, k, sizes, *, out_dtype=jnp.bfloat16, bias=False, config=
   used = min(int(np.sum(sizes)), m)
   label = f"{fmt} M={m} N={n} K={k} sizes={sizes} {jnp.dtype(out_dtype).name} bias={bias} cfg={config}"
   assert np.isfinite(y).all(), label
-  err = np.linalg.norm(y[:used] - ref[:used]) / np.linalg.norm(ref[:used])
-  assert err < TOL[out_dtype], f"{label}: rel err {err:.3g}"
+  if used:
+    err = np.linalg.norm(y[:used] - ref[:used]) / np.linalg.norm(ref[:used])
+    assert err < (tol or TOL[out_dtype]), f"{label}: rel err {err:.3g}"
   assert not y[used:].any(), f"{label}: rows past the total are not zero"
   return y
 
@@ -109,7 +113,7 @@ def test_prefill_configs(fmt, config, bias, monkeypatch):
   # the 128-column tile
   run_case(fmt, 700, 200, 512, (301, 0, 250, 99), config=config, bias=bias, monkeypatch=monkeypatch)
   run_case(fmt, 700, 200, 512, (301, 0, 250, 99), config=config, bias=bias, out_dtype=jnp.float32,
-           monkeypatch=monkeypatch)
+           monkeypatch=monkeypatch, tol=PREFILL_F32_TOL)
 
 
 def test_prefill_picked_for_many_tokens():

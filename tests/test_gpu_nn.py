@@ -78,7 +78,10 @@ def test_quantize_model_runs_the_kernels(fmt):
   x = _normal(0, (2, 4, 256), jnp.bfloat16 if fmt.startswith("wo:") else jnp.float32)
   text, y = _compiled(model, x)
   assert text.count(TARGET[fmt]) >= 3, f"{fmt}: {TARGET[fmt]} not in the compiled program"
-  assert _rel(y, _on_cpu(model, x)) < (1e-2 if y.dtype == jnp.bfloat16 else TOL)
+  # FP8 formats re-quantize the activations between layers: an input one float32 ulp apart on
+  # the two devices can round to the neighbouring e4m3 value (up to 6% apart), so a three-layer
+  # chain gets the bfloat16 bound
+  assert _rel(y, _on_cpu(model, x)) < (1e-2 if y.dtype == jnp.bfloat16 or "fp8" in fmt else TOL)
 
 
 def test_qwix_provider_runs_the_kernels_and_matches_qwix_ptq():
