@@ -1037,16 +1037,30 @@ def main(argv=None) -> int:
   run.log(f"device: {run.dev.device_kind} (backend={run.backend}), jax {jax.__version__}, "
           f"kernels built: {_backend.kernels_built()}, torch: {run.torch.version or run.torch.note}")
   t_start = run.begin("jax_gmma.ragged_dot")
-  for name in args.presets:
+  for i, name in enumerate(args.presets):
     try:
       bench_preset(run, PRESETS[name])
     except Exception:  # noqa: BLE001
       run.fail(f"{name} crashed:\n{traceback.format_exc()}")
     gc.collect()
+    if i + 1 < len(args.presets):  # an interrupted run keeps the presets it finished
+      report(args, run, t_start, done=args.presets[:i + 1], no_plot=True)
+  md, png, meta = report(args, run, t_start, done=args.presets, no_plot=args.no_plot)
+  print()
+  print(md)
+  print(f"wrote {args.out}/{NAME}.json, {NAME}.md{', ' + NAME + '.png' if png else ''} "
+        f"({meta['wall_s']} s)")
+  return exit_code(run.failures)
+
+
+def report(args, run, t_start, done, no_plot):
+  """Writes the JSON, markdown and (unless no_plot) PNG of the presets in ``done``; returns the
+  markdown, the PNG path or None, and the metadata."""
   paths = sorted({r["path"] for r in run.rows if r["family"] == "ours" and r.get("path")})
+  notes = list(run.notes)
   if "reference" in paths and run.on_gpu:
-    run.notes.append("ours ran the pure-JAX reference on the GPU (--allow-reference): those times "
-                     "are not a kernel's")
+    notes.append("ours ran the pure-JAX reference on the GPU (--allow-reference): those times "
+                 "are not a kernel's")
   meta = dict(
       date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
       argv=sys.argv, backend=run.backend, device_kind=run.dev.device_kind,
@@ -1054,19 +1068,15 @@ def main(argv=None) -> int:
       jaxlib=jaxlib.__version__, jax_gmma=jax_gmma.__version__, numpy=np.__version__,
       torch=run.torch.version, torch_note=run.torch.note, kernels_built=_backend.kernels_built(),
       built_archs=_backend.built_archs(), ours_path="/".join(paths) or "n/a",
-      xla_flags=os.environ.get("XLA_FLAGS", ""), presets=list(args.presets),
+      xla_flags=os.environ.get("XLA_FLAGS", ""), presets=list(done),
       decode_tokens=list(args.decode_tokens), prefill_tokens=list(args.prefill_tokens),
       routings=list(args.routings), zipf_s=args.zipf, layers=args.layers,
       prefill_layers=args.prefill_layers, sets=args.sets, repeats=args.repeats,
       repeat_ms=args.repeat_ms, allow_reference=args.allow_reference, seed=args.seed,
       tolerances=TOLERANCES, wall_s=round(time.perf_counter() - t_start, 1))
-  data = dict(meta=meta, rows=run.rows, notes=run.notes, failures=run.failures)
-  md, png = write_report(args.out, NAME, data, markdown, plot, args.no_plot)
-  print()
-  print(md)
-  print(f"wrote {args.out}/{NAME}.json, {NAME}.md{', ' + NAME + '.png' if png else ''} "
-        f"({meta['wall_s']} s)")
-  return exit_code(run.failures)
+  data = dict(meta=meta, rows=run.rows, notes=notes, failures=run.failures)
+  md, png = write_report(args.out, NAME, data, markdown, plot, no_plot)
+  return md, png, meta
 
 
 if __name__ == "__main__":
