@@ -6,7 +6,8 @@
 //                       get_workspace_size, host only, at trace time
 //   check_blockwise(...) -> the same for the block-scaled family ("blockwise_*" kernels)
 //   check_blockscaled(...) -> the same for the MX / NVFP4 family ("sm100_*"/"sm120_*", "sm90_mxf8_*")
-//   check_grouped(...) -> the same for the grouped family ("grouped_*": ragged_dot's kernels)
+//   check_grouped(...) -> the same for the grouped families ("grouped_*", "sm100_grouped_*":
+//                       ragged_dot's kernels)
 //   prepare(device)  -> one-time per-device kernel setup, outside any stream capture
 //   built_archs(), cuda_built()
 #include <nanobind/nanobind.h>
@@ -29,6 +30,7 @@ extern "C" void* jax_gmma_weightonly_unpack_handler();
 extern "C" void* jax_gmma_fp8_quantize_handler();
 extern "C" void* jax_gmma_fp8_grouped_gemm_handler();
 extern "C" void* jax_gmma_weightonly_grouped_gemm_handler();
+extern "C" void* jax_gmma_mx_grouped_gemm_handler();
 extern "C" void jax_gmma_capture_stats(uint64_t* captured, uint64_t* eager);
 extern "C" void jax_gmma_host_stats(uint64_t* calls, uint64_t* ns);
 #endif
@@ -91,6 +93,7 @@ NB_MODULE(_gmma_ext, m) {
     d["jax_gmma_fp8_quantize"] = nb::capsule(jax_gmma_fp8_quantize_handler());
     d["jax_gmma_fp8_grouped_gemm"] = nb::capsule(jax_gmma_fp8_grouped_gemm_handler());
     d["jax_gmma_weightonly_grouped_gemm"] = nb::capsule(jax_gmma_weightonly_grouped_gemm_handler());
+    d["jax_gmma_mx_grouped_gemm"] = nb::capsule(jax_gmma_mx_grouped_gemm_handler());
 #endif
     return d;
   });
@@ -157,8 +160,9 @@ NB_MODULE(_gmma_ext, m) {
       nb::arg("k"), nb::arg("splits"), nb::arg("sm_count"), nb::arg("a_vec"), nb::arg("b_vec"),
       nb::arg("has_bias"), nb::arg("swizzle") = 1, nb::arg("raster") = 0);
 
-  // Grouped family: can_implement + workspace size for a "grouped_*" kernel (G experts of
-  // (N, K), M rows of tokens), host only, at trace time; the group sizes are never needed.
+  // Grouped families: can_implement + workspace size for a "grouped_*" (Hopper FP8) or
+  // "sm100_grouped_*" (Blackwell block-scaled) kernel (G experts of (N, K), M rows of tokens),
+  // host only, at trace time; the group sizes are never needed.
   m.def(
       "check_grouped",
       [](const std::string& config, const std::string& a, const std::string& b, const std::string& d,

@@ -1,9 +1,12 @@
-// XLA FFI handler of the grouped (mixture-of-experts) FP8 GEMM families (the weight-streaming
+// XLA FFI handlers of the grouped (mixture-of-experts) GEMM families: jax_gmma.ragged_dot's
+// kernels. Target "jax_gmma_fp8_grouped_gemm" (typed FFI, CUDA platform): the FP8 weight-streaming
 // kernels of cpp/sm90_fp8_gemm_grouped_stream.cu and the CUTLASS prefill kernels of
-// cpp/sm90_fp8_gemm_grouped_blockwise.cu, "grouped_*" configs), target "jax_gmma_fp8_grouped_gemm"
-// (typed FFI, CUDA platform): jax_gmma.ragged_dot's kernel. Graph safety: the execute path of
-// the other GEMM handlers (ffi_common::launch; rules in ffi/graph_safety.h); the group sizes and
-// the row offset are read by the kernel, never by the host.
+// cpp/sm90_fp8_gemm_grouped_blockwise.cu ("grouped_*" configs, Hopper). Target
+// "jax_gmma_mx_grouped_gemm": the Blackwell block-scaled MXFP8 / NVFP4 / MXFP4 kernels of
+// cpp/sm100_mx_gemm_grouped_blockscaled.cu ("sm100_grouped_*" configs; not run on hardware by
+// this project). Graph safety: the execute path of the other GEMM handlers (ffi_common::launch;
+// rules in ffi/graph_safety.h); the group sizes and the row offset are read by the kernels,
+// never by the host.
 #include "common.h"
 
 namespace jax_gmma {
@@ -110,6 +113,86 @@ ffi::Error Fp8GroupedGemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuf
   return launch(entry, g, stream);
 }
 
+// Operands: a (M, K * bits / 8) tokens sorted by expert and b (G, N, K * bits / 8) experts:
+// float8_e4m3fn elements, or uint8 bytes of packed FP4 (2 per byte); a_sf, b_sf: uint8
+// scale-factor bytes (E8M0 or E4M3) in the swizzled 128x4-atom layout, mx_sf_bytes(M, K, sf_vec)
+// and G * mx_sf_bytes(N, K, sf_vec) (per expert back to back); a_global (1,) and b_global (G,)
+// float32, NVFP4's global scales (read only when has_global); bias (G, N) in the output dtype
+// (read only when has_bias); group_sizes (G,) int32; row_ids (M,) int32 (row_ids[0]: the global
+// index of row 0). Results: d (M, N) bfloat16 or float32, and the workspace u8 (the per-expert
+// arguments and the experts' re-laid activation scale factors, written on the device by the
+// kernels' setup). Attributes: config, the logical element dtypes a_dtype / b_dtype
+// (dtype_name spelling), the logical K, the scale-vector size sf_vec (32 MX, 16 NVFP4).
+ffi::Error MxGroupedGemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::AnyBuffer a_sf,
+                             ffi::AnyBuffer b_sf, ffi::AnyBuffer a_global, ffi::AnyBuffer b_global,
+                             ffi::AnyBuffer bias, ffi::AnyBuffer group_sizes, ffi::AnyBuffer row_ids,
+                             ffi::Result<ffi::AnyBuffer> d, ffi::Result<ffi::AnyBuffer> workspace,
+                             std::string_view config, std::string_view a_dtype, std::string_view b_dtype,
+                             int64_t k, int32_t sf_vec, int32_t sm_count, bool has_bias, bool has_global) {
+  HostTimer timer;
+  auto bad = [](std::string_view msg) { return fail("jax_gmma_mx_grouped_gemm", msg); };
+  // Cheap structural checks: the Python shape rules already enforce these at trace time.
+  DType ta, tb, td;
+  if (!dtype_from_name(std::string(a_dtype).c_str(), &ta) || !dtype_from_name(std::string(b_dtype).c_str(), &tb))
+    return bad("unknown operand dtype attribute");
+  if (!to_dtype(d->element_type(), &td) || (td != DType::kBF16 && td != DType::kF32))
+    return bad("output must be bfloat16 or float32");
+  auto ad = a.dimensions();
+  auto bd = b.dimensions();
+  auto dd = d->dimensions();
+  if (ad.size() != 2 || bd.size() != 3 || dd.size() != 2) return bad("a, b, d must be (M, K), (G, N, K), (M, N)");
+  const int64_t m = ad[0], groups = bd[0], n = bd[1];
+  if (dd[0] != m || dd[1] != n) return bad("output shape mismatch");
+  if (k <= 0) return bad("K must be positive");
+  auto check_operand = [&](const ffi::AnyBuffer& x, DType t, int64_t rows, const char* name) -> std::string {
+    const bool packed = dtype_bits(t) < 8;
+    const ffi::DataType want = packed ? ffi::DataType::U8
+                               : t == DType::kF8E4M3 ? ffi::DataType::F8E4M3FN
+                                                      : ffi::DataType::F8E5M2;
+    if (x.element_type() != want)
+      return std::string(name) + ": expected " + (packed ? "uint8 (packed)" : dtype_name(t)) + " elements";
+    if ((k * dtype_bits(t)) % 8 || static_cast<int64_t>(x.size_bytes()) * 8 != rows * k * dtype_bits(t))
+      return std::string(name) + ": size does not match (rows, K) " + dtype_name(t) + " elements";
+    return {};
+  };
+  if (auto e = check_operand(a, ta, m, "a"); !e.empty()) return bad(e);
+  if (auto e = check_operand(b, tb, groups * n, "b"); !e.empty()) return bad(e);
+  if (sf_vec != 16 && sf_vec != 32) return bad("sf_vec must be 16 or 32");
+  if (a_sf.element_type() != ffi::DataType::U8 || b_sf.element_type() != ffi::DataType::U8)
+    return bad("scale factors must be passed as uint8 bytes");
+  if (static_cast<int64_t>(a_sf.size_bytes()) != mx_sf_bytes(m, k, sf_vec) ||
+      static_cast<int64_t>(b_sf.size_bytes()) != groups * mx_sf_bytes(n, k, sf_vec))
+    return bad("scale-factor sizes (expected the swizzled 128x4-atom layout: rows padded to 128, "
+               "K blocks to 4; the experts' back to back)");
+  if (has_global && (!is_f32_scalar(a_global) || b_global.element_type() != ffi::DataType::F32 ||
+                     static_cast<int64_t>(b_global.element_count()) != groups))
+    return bad("global scales must be float32 (1,) and (G,)");
+  if (group_sizes.element_type() != ffi::DataType::S32 ||
+      static_cast<int64_t>(group_sizes.element_count()) != groups)
+    return bad("group_sizes must be (G,) int32");
+  if (row_ids.element_type() != ffi::DataType::S32 || static_cast<int64_t>(row_ids.element_count()) != m)
+    return bad("row_ids must be (M,) int32");
+  if (has_bias && (bias.element_type() != d->element_type() ||
+                   static_cast<int64_t>(bias.element_count()) != groups * n))
+    return bad("bias must be (G, N) in the output dtype");
+
+  thread_local EntryCache cache;
+  std::string why;
+  const KernelEntry* entry = lookup(cache, config, ta, tb, td, &why);
+  if (!entry) return bad(why);
+
+  GemmArgs g;
+  set_common_args(g, m, n, k, a, b, bias, has_bias, d, workspace, 1, sm_count);
+  g.a_sf = a_sf.untyped_data();
+  g.b_sf = b_sf.untyped_data();
+  g.a_global_scale = has_global ? static_cast<const float*>(a_global.untyped_data()) : nullptr;
+  g.b_global_scale = has_global ? static_cast<const float*>(b_global.untyped_data()) : nullptr;
+  g.group_sizes = static_cast<const int32_t*>(group_sizes.untyped_data());
+  g.row_ids = static_cast<const int32_t*>(row_ids.untyped_data());
+  g.groups = groups;
+  return launch(entry, g, stream);
+}
+
 }  // namespace
 }  // namespace jax_gmma
 
@@ -131,3 +214,29 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxGmmaFp8GroupedGemm, jax_gmma::Fp8GroupedGemmImp
                               JAX_GMMA_GRAPH_SAFE_TRAITS);
 
 JAX_GMMA_EXPORT_HANDLER(jax_gmma_fp8_grouped_gemm_handler, JaxGmmaFp8GroupedGemm)
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxGmmaMxGroupedGemm, jax_gmma::MxGroupedGemmImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()  // a (M, K): fp8, or packed fp4 bytes
+                                  .Arg<ffi::AnyBuffer>()  // b (G, N, K)
+                                  .Arg<ffi::AnyBuffer>()  // a_sf (swizzled, uint8)
+                                  .Arg<ffi::AnyBuffer>()  // b_sf (swizzled, per expert)
+                                  .Arg<ffi::AnyBuffer>()  // a_global (f32 (1,))
+                                  .Arg<ffi::AnyBuffer>()  // b_global (f32 (G,))
+                                  .Arg<ffi::AnyBuffer>()  // bias (G, N)
+                                  .Arg<ffi::AnyBuffer>()  // group_sizes (G,) int32
+                                  .Arg<ffi::AnyBuffer>()  // row_ids (M,) int32
+                                  .Ret<ffi::AnyBuffer>()  // d (M, N)
+                                  .Ret<ffi::AnyBuffer>()  // workspace u8
+                                  .Attr<std::string_view>("config")
+                                  .Attr<std::string_view>("a_dtype")
+                                  .Attr<std::string_view>("b_dtype")
+                                  .Attr<int64_t>("k")
+                                  .Attr<int32_t>("sf_vec")
+                                  .Attr<int32_t>("sm_count")
+                                  .Attr<bool>("has_bias")
+                                  .Attr<bool>("has_global"),
+                              JAX_GMMA_GRAPH_SAFE_TRAITS);
+
+JAX_GMMA_EXPORT_HANDLER(jax_gmma_mx_grouped_gemm_handler, JaxGmmaMxGroupedGemm)

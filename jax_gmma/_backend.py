@@ -18,10 +18,11 @@ WEIGHTONLY_UNPACK_TARGET = "jax_gmma_weightonly_unpack"
 FP8_QUANTIZE_TARGET = "jax_gmma_fp8_quantize"
 FP8_GROUPED_GEMM_TARGET = "jax_gmma_fp8_grouped_gemm"  # jax_gmma.ragged_dot (jax_gmma/ops/grouped.py)
 WEIGHTONLY_GROUPED_GEMM_TARGET = "jax_gmma_weightonly_grouped_gemm"  # ragged_dot on FP4 / FP6 experts
+MX_GROUPED_GEMM_TARGET = "jax_gmma_mx_grouped_gemm"  # ragged_dot on block-scaled experts (sm_100a)
 #: Every FFI target of the kernel library.
 TARGETS = (FP8_GEMM_TARGET, FP8_BLOCKWISE_GEMM_TARGET, MX_GEMM_TARGET, WEIGHTONLY_GEMM_TARGET,
            WEIGHTONLY_UNPACK_TARGET, FP8_QUANTIZE_TARGET, FP8_GROUPED_GEMM_TARGET,
-           WEIGHTONLY_GROUPED_GEMM_TARGET)
+           WEIGHTONLY_GROUPED_GEMM_TARGET, MX_GROUPED_GEMM_TARGET)
 #: Compute capabilities (as jax reports them) that have kernels, by built arch (the FP8
 #: tensorwise / blockwise families; the MX / NVFP4 family has its own map, jax_gmma.ops.mx.ARCH_FOR_CC).
 ARCH_FOR_CC = {"9.0": "sm_90a"}

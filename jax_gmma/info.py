@@ -52,10 +52,19 @@ def quantize_path(devs) -> str:
 def grouped_path(devs) -> str:
   """How ``ragged_dot`` (the grouped GEMM of mixture-of-experts layers) runs here: the grouped
   weight-streaming kernels on Hopper with the library built (targets
-  ``jax_gmma_fp8_grouped_gemm``, ``jax_gmma_weightonly_grouped_gemm``), else the pure-JAX
-  reference (an error on a CUDA GPU without the kernels, unless opted in)."""
+  ``jax_gmma_fp8_grouped_gemm``, ``jax_gmma_weightonly_grouped_gemm``), the grouped
+  block-scaled kernels on sm_100a (``jax_gmma_mx_grouped_gemm``), else the pure-JAX reference
+  (an error on a CUDA GPU without the kernels, unless opted in)."""
   if not devs:
     return "pure-JAX reference (no CUDA GPU)"
+  if (mx.arch_for_cc(_backend.device_cc(devs[0])) == "sm_100a" and "sm_100a" in _backend.built_archs()
+      and _backend.MX_GROUPED_GEMM_TARGET in _registrations()):
+    names = ", ".join(grouped_configs.sm100_kernel_name(c) for cs in grouped_configs.SM100_CONFIGS.values()
+                      for c in cs)
+    return (f"CUDA kernels (sm_100a, NOT validated on hardware): {' / '.join(grouped_configs.SM100_CONFIGS)} "
+            f"QuantizedArray experts on CUTLASS's grouped block-scaled GEMM (XLA FFI "
+            f"{_backend.MX_GROUPED_GEMM_TARGET}, configs {names}); other expert formats: the "
+            "reference, an error unless allowed")
   try:
     dev = _backend.check_cuda_kernels("ragged_dot")
   except _backend.KernelUnavailable as err:

@@ -63,6 +63,22 @@ def fake_hopper(monkeypatch):
 
 
 @pytest.fixture
+def fake_blackwell(monkeypatch):
+  """The backend believes it runs on a B200 (compute capability 10.0, 148 SMs) with the sm_90a
+  and sm_100a kernels built (CPU tests of the CUDA lowering's decisions and messages; nothing
+  runs on the fake device, and no Blackwell GPU exists here to run one)."""
+  from jax_gmma import _backend
+
+  class Dev:
+    compute_capability = "10.0"
+    device_kind = "NVIDIA B200"
+    core_count = 148
+  monkeypatch.setattr(_backend, "kernels_built", lambda: True)
+  monkeypatch.setattr(_backend, "built_archs", lambda: ["sm_90a", "sm_100a"])
+  monkeypatch.setattr(_backend, "cuda_devices", lambda: [Dev()])
+
+
+@pytest.fixture
 def ragged_dot_without_kernel(monkeypatch):
   """``jax_gmma.ragged_dot`` as on a CUDA GPU without its grouped kernel: KernelUnavailable
   unless the reference is allowed (then the reference runs); the global opt-in off whatever

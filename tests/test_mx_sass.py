@@ -28,6 +28,15 @@ SM120_MMA = {
     "OMMA.SF.16864.F32.E2M1.E2M1.E8": ("float_e2m1_t", "float_e2m1_t", "float_ue8m0_t"),  # MXFP4
     "OMMA.SF.16864.F32.E2M1.E2M1.UE4M3.4X": ("float_e2m1_t", "float_e2m1_t", "float_ue4m3_t"),  # NVFP4
 }
+# The tcgen05 block-scaled MMAs of the sm_100a grouped kernels (cpp/sm100_mx_gemm_grouped_blockscaled.cu),
+# as cuobjdump 13.0 prints them, with the (element, scale factor) types that the kernel's name
+# must then contain: the f8f6f4 kind (MXFP8), the mxf4 kind (MXFP4), the nvf4 kind (NVFP4, E4M3
+# scales per 16: .4X); the 2-SM kernels' MMAs span the CTA pair (.2CTA after the mnemonic).
+SM100_GROUPED_MMA = {
+    "UTCQMMA": ("float_e4m3_t", "float_ue8m0_t"),
+    "UTCOMMA": ("float_e2m1_t", "float_ue8m0_t"),
+    "UTCOMMA.4X": ("float_e2m1_t", "float_ue4m3_t"),
+}
 # Any tensor-core MMA mnemonic (HMMA, IMMA, QMMA, OMMA, HGMMA, UTC*MMA, ... with modifiers).
 ANY_MMA = re.compile(r"\b([A-Z]*MMA(?:\.[0-9A-Z_]+)*)\s")
 # A block-scaled warp MMA's operands: D, A, B, C, then the two scale-factor registers.
@@ -89,3 +98,34 @@ def test_sm120_kernels_use_block_scaled_warp_mma():
     assert a in name and b in name and sf in name, (name[:120], a, b, sf)
     for operands in SM120_OPERANDS.findall(body):
       assert len(operands.split(",")) >= 6, operands  # D, A, B, C, SFA, SFB
+
+
+def test_sm100_grouped_kernels():
+  """The grouped (mixture-of-experts) unit: CUTLASS ptr-array GEMMs, one block-scaled MMA kind
+  each matching its formats, all three kinds present (MXFP8, NVFP4, MXFP4) in 1-SM and 2-SM
+  form, and the setup / scale re-layout kernels that run before them without spills."""
+  files, kernels = _blackwell_kernels()
+  grouped_objects = [f for f in files if "grouped" in os.path.basename(f)]
+  grouped = [k for k in kernels if check_sass.GROUPED_GEMM in k[1]]
+  if not grouped_objects and not grouped:
+    pytest.skip(f"no sm100 grouped kernels in {', '.join(files)}")
+  assert len(grouped) >= 12, (files, len(grouped))  # 3 format pairs x 1-SM / 2-SM x 2 outputs
+  assert check_sass.check_blackwell(grouped) == []
+  kinds = set()
+  for _, name, mmas, _ in grouped:
+    assert len(mmas) == 1, (name[:120], sorted(mmas))
+    mma = mmas.pop()
+    kind = mma.replace(".2CTA", "")
+    assert kind in SM100_GROUPED_MMA, (name[:120], mma)
+    element, sf = SM100_GROUPED_MMA[kind]
+    assert element in name and sf in name, (name[:120], mma)
+    kinds.add((kind, ".2CTA" in mma))
+  assert kinds == {(k, two) for k in SM100_GROUPED_MMA for two in (False, True)}
+  cuobjdump = check_sass.find_tool("cuobjdump")
+  env = dict(os.environ, PATH=os.path.dirname(check_sass.find_tool("nvdisasm")) + os.pathsep
+             + os.environ.get("PATH", ""))
+  sass = "".join(subprocess.run([cuobjdump, "--dump-sass", f], capture_output=True, text=True, env=env,
+                                check=True).stdout for f in files)
+  helpers = check_sass.grouped_helper_kernels(sass)
+  assert len(helpers) >= 2 * 12, len(helpers)  # a setup and a re-layout kernel per GEMM
+  assert check_sass.check_grouped_helpers(helpers) == []

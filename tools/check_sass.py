@@ -65,6 +65,32 @@ def blackwell_kernels(sass):
   return found
 
 
+# The grouped (mixture-of-experts) block-scaled kernels of cpp/sm100_mx_gemm_grouped_blockscaled.cu:
+# CUTLASS's ptr-array GEMMs (GroupProblemShape in the name, checked as every Blackwell GEMM above)
+# and the plain-CUDA setup / scale re-layout kernels that run before them (no spills).
+GROUPED_GEMM = "GroupProblemShape"
+GROUPED_HELPER = "sm100_grouped_mx"
+
+
+def grouped_helper_kernels(sass):
+  """[(kernel name, SASS text)] of the sm_100a grouped family's setup and re-layout kernels."""
+  found = []
+  for arch, chunk in split_by_arch(sass):
+    if arch != "sm_100a":
+      continue
+    for f in re.split(r"\n\s*Function : ", chunk)[1:]:
+      name = f.split("\n", 1)[0]
+      if GROUPED_HELPER in name and "GemmUniversal" not in name:
+        found.append((name, f))
+  return found
+
+
+def check_grouped_helpers(helpers):
+  """Problems found in the grouped family's helper kernels (register spills)."""
+  return [f"sm_100a {name[:80]}: local-memory stores (register spills)" for name, text in helpers
+          if re.search(r"\bSTL\b", text)]
+
+
 def check_blackwell(kernels):
   """Problems found in the Blackwell kernels (empty list: all good)."""
   bad = []
@@ -102,7 +128,8 @@ def main():
   # Blackwell block-scaled (MX / NVFP4) kernels: checked per arch (cuobjdump prints an
   # "arch = sm_XX" header before each ELF's functions), apart from the Hopper ones.
   bw = blackwell_kernels(sass)
-  bw_bad = check_blackwell(bw)
+  helpers = grouped_helper_kernels(sass)
+  bw_bad = check_blackwell(bw) + check_grouped_helpers(helpers)
   sass = "".join(chunk for arch, chunk in split_by_arch(sass) if arch not in BLACKWELL_MMA)
   funcs = re.split(r"\n\s*Function : ", sass)[1:]
   # CUTLASS kernels (GemmUniversal) and jax-gmma's own wgmma mainloop (Hopper MXFP8).
@@ -110,6 +137,9 @@ def main():
   bad = list(bw_bad)
   if bw:
     counts = ", ".join(f"{a}: {sum(1 for k in bw if k[0] == a)}" for a in sorted({k[0] for k in bw}))
+    grouped = sum(GROUPED_GEMM in k[1] for k in bw)
+    if grouped:
+      counts += f"; {grouped} grouped, with {len(helpers)} setup / re-layout kernels"
     print(f"check_sass: {len(bw)} Blackwell block-scaled GEMM kernels ({counts})"
           + ("" if bw_bad else ", all with block-scaled MMA (" + ", ".join(sorted(
               {m for k in bw for m in k[2]})) + ") + UTMALDG"))

@@ -8,7 +8,9 @@
 #   tools/compile_blackwell.sh OUTDIR [UNIT ...]     (default: every sm100/sm120 unit)
 # A unit is named as CMakeLists.txt names it, sm<100|120>_mx_gemm_blockscaled_<pair>_<out>,
 # optionally as a path cpp/<unit>.cu: its instantiation stub is generated into OUTDIR exactly as
-# CMakeLists.txt's jax_gmma_stub() writes it, and compiled to OUTDIR/<unit>.o.
+# CMakeLists.txt's jax_gmma_stub() writes it, and compiled to OUTDIR/<unit>.o. The grouped unit
+# sm100_mx_gemm_grouped_blockscaled (cpp/sm100_mx_gemm_grouped_blockscaled.cu, a source of its
+# own, no stub) is compiled as it is.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?usage: tools/compile_blackwell.sh OUTDIR [UNIT ...]}
@@ -25,14 +27,26 @@ if [ ${#tus[@]} -eq 0 ]; then
       for d in bf16 f32; do tus+=("sm${arch}_mx_gemm_blockscaled_${pair}_${d}"); done
     done
   done
+  tus+=(sm100_mx_gemm_grouped_blockscaled)
 fi
 declare -A pair_enum=([mxf8]=kMxf8 [mxf6e2m3]=kMxf6E2M3 [mxf6e3m2]=kMxf6E3M2 [mxf8mxf4]=kMxf8Mxf4
                       [mxf4]=kMxf4 [nvf4]=kNvf4)
 declare -A out_dtype=([bf16]=DType::kBF16 [f32]=DType::kF32)
 cutlass=$(python3 -c "import cutlass_library, os; print(os.path.join(os.path.dirname(cutlass_library.__file__), 'source'))")
 objs=()
+compile() {  # compile() BASE SOURCE GENCODE: SOURCE -> OUTDIR/BASE.o, timed
+  /usr/bin/time -f "$1: %e s wall, %M KB peak" -o "$out/$1.time" \
+    nvcc -std=c++17 -O3 -DNDEBUG --expt-relaxed-constexpr -Xcompiler=-fPIC $3 \
+      -Icpp/include -I"$cutlass/include" -I"$cutlass/tools/util/include" -c "$2" -o "$out/$1.o"
+  cat "$out/$1.time"
+  objs+=("$out/$1.o")
+}
 for tu in "${tus[@]}"; do
   base=$(basename "$tu" .cu)
+  if [ "$base" = sm100_mx_gemm_grouped_blockscaled ]; then
+    compile "$base" "cpp/$base.cu" "-gencode=arch=compute_100a,code=sm_100a"
+    continue
+  fi
   if [[ ! "$base" =~ ^sm(100|120)_mx_gemm_blockscaled_([a-z0-9]+)_(bf16|f32)$ ]] ||
      [ -z "${pair_enum[${BASH_REMATCH[2]}]:-}" ]; then
     echo "not a Blackwell unit: $tu" >&2; exit 2
@@ -51,10 +65,6 @@ int sm${arch}_mx_${pair}_${d}_entries(KernelEntry* out) {
 }
 }  // namespace jax_gmma
 EOF
-  /usr/bin/time -f "$base: %e s wall, %M KB peak" -o "$out/$base.time" \
-    nvcc -std=c++17 -O3 -DNDEBUG --expt-relaxed-constexpr -Xcompiler=-fPIC $gencode \
-      -Icpp/include -I"$cutlass/include" -I"$cutlass/tools/util/include" -c "$out/$base.cu" -o "$out/$base.o"
-  cat "$out/$base.time"
-  objs+=("$out/$base.o")
+  compile "$base" "$out/$base.cu" "$gencode"
 done
 python3 tools/check_sass.py "${objs[@]}"

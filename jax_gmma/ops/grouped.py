@@ -44,6 +44,20 @@ mma.sync decode kernel (8 / 16 tokens per tile) while the expert slots average a
 the tensor-core one (the widened weights as wgmma's register operand, 64 / 128 tokens per tile)
 from 17.
 
+On Blackwell (sm_100a, compute capability 10.0) MXFP8, NVFP4 and MXFP4 experts given as a
+QuantizedArray (x quantized on the fly to the same format: block scales on both operands, NVFP4's
+global scales multiplied in the epilogue) run CUTLASS's grouped block-scaled tensor-core GEMM (FFI
+call ``jax_gmma_mx_grouped_gemm``, ``cpp/sm100_mx_gemm_grouped_blockscaled.cu``, configs
+``grouped_configs.select_sm100_config``): 128-row tiles on one SM, or 256-row MMAs over an SM pair
+for experts averaging more than 128 rows, the operand contract, the rows past the total and the
+negative-size rule of the Hopper kernels, the group sizes read on the device only. x is quantized
+with row-major scales (M and K stay shardable) and the lowering swizzles them to the kernels'
+``sm100_128x4`` layout; the kernel's setup then copies each expert's activation scale rows into
+128-row-aligned regions of its workspace (sized from M, G and K). NOT RUN ON HARDWARE: this project
+has no Blackwell GPU; the kernels are compiled, registered, checked on the host and in their SASS.
+NVFP4 / MXFP4 QuantizedArray experts have no kernel elsewhere (on Hopper, prepare them as a
+PackedWeight for the weight-only kernels).
+
 Sharded operands under ``jax.jit`` (:mod:`jax_gmma.sharding`, as for the dense GEMMs): the op
 is partitioned, not gathered, along
 
@@ -88,7 +102,7 @@ from jax.interpreters import mlir
 from .. import _backend, _vma, batching, primitive, sharding
 from ..arrays import QuantizedArray, check_leaves, dequantize
 from ..numerics import layouts, shapes
-from . import blockwise, grouped_configs, quantize, tensorwise, weightonly
+from . import blockwise, grouped_configs, mx, quantize, tensorwise, weightonly
 from .weightonly import PackedWeight
 
 WHO = "jax_gmma.ragged_dot"
@@ -97,11 +111,15 @@ _CALLER = ("ragged_dot", "x", "w")
 #: the fly to the first, or to ``x_format``; a QuantizedArray x must be one of them): what
 #: ``jax_gmma.dot`` does for the same weight.
 X_FORMATS = {**{f: tensorwise.ACTIVATION_FORMATS for f in tensorwise.WEIGHT_FORMATS},
-             **{f: ("fp8_1x128",) for f in blockwise.WEIGHT_FORMATS}, "mxfp8": ("mxfp8",)}
+             **{f: ("fp8_1x128",) for f in blockwise.WEIGHT_FORMATS}, "mxfp8": ("mxfp8",),
+             "nvfp4": ("nvfp4",), "mxfp4": ("mxfp4",)}
+#: Block-scaled expert-weight formats whose x is quantized to the same format (scales on both
+#: operands): the Blackwell grouped kernels' formats (mxfp8 also streams on Hopper).
+BLOCK_SCALED_FORMATS = tuple(grouped_configs.SM100_CONFIGS)
 #: FP4 / FP6 expert weights (PackedWeight): x is multiplied in bfloat16, or is an FP8
 #: QuantizedArray of these formats (widened exactly).
 PACKED_X_FORMATS = ("bf16",) + weightonly.ACTIVATION_FORMATS
-WEIGHT_FORMATS = tuple(X_FORMATS) + weightonly.WEIGHT_FORMATS
+WEIGHT_FORMATS = tuple(dict.fromkeys(tuple(X_FORMATS) + weightonly.WEIGHT_FORMATS))
 _F32 = jnp.float32
 
 
@@ -199,12 +217,72 @@ def _problem(avals, params) -> grouped_configs.GroupedProblem:
                                         fmt=params["fmt"])
 
 
+def _is_packed(w_tree) -> bool:
+  """Whether the primitive's w (its treedef) is a PackedWeight (else a QuantizedArray)."""
+  return isinstance(jax.tree.unflatten(w_tree, [0] * w_tree.num_leaves), PackedWeight)
+
+
+def _device_arch() -> Optional[str]:
+  """The kernel arch of the first CUDA device ("sm_90a", "sm_100a", ...), None when it has none."""
+  dev = _backend.first_cuda_device()
+  return None if dev is None else mx.arch_for_cc(_backend.device_cc(dev))
+
+
+def _takes_sm100(fmt: str, w_tree) -> bool:
+  """Whether the CUDA lowering runs the Blackwell grouped block-scaled kernel: block-scaled
+  (QuantizedArray) experts of its formats on an sm_100a device."""
+  return fmt in BLOCK_SCALED_FORMATS and not _is_packed(w_tree) and _device_arch() == "sm_100a"
+
+
+def _out_align(out_dtype) -> int:
+  """16-byte output rows in elements of the kernel's output (float16 runs the float32 kernel)."""
+  return 8 if np.dtype(out_dtype) == shapes.BF16 else 4
+
+
+def _sm100_missing(ctx, problem, params):
+  """Why the sm100 grouped block-scaled kernel cannot run the problem here, or None."""
+  if not _backend.kernels_built():
+    err = _backend.ext_import_error()
+    return ("jax_gmma was installed without CUDA kernels" + (f" ({err})" if err else "") +
+            "; reinstall with nvcc on PATH")
+  if "sm_100a" not in _backend.built_archs():
+    return (f"this build of jax_gmma has no sm_100a kernels (built archs: "
+            f"{', '.join(_backend.built_archs()) or 'none'}); rebuild it with "
+            'JAX_GMMA_CUDA_ARCHS="90a;100a"')
+  nx = params["x_tree"].num_leaves
+  want = grouped_configs.SM100_ELEMENTS[problem.fmt]
+  for name, aval in (("x", ctx.avals_in[0]), ("w", ctx.avals_in[nx])):
+    if np.dtype(aval.dtype).name != want:
+      return (f"the sm_100a grouped kernels multiply {want} operands for {problem.fmt} experts; {name} "
+              f"has {np.dtype(aval.dtype).name} elements")
+  why = grouped_configs.sm100_unsupported(problem, _out_align(params["out_dtype"]))
+  if why is not None:
+    return why
+  e = _backend.ext()
+  built = {str(r["config"]) for r in e.kernels()} if e is not None else set()
+  missing = [grouped_configs.sm100_kernel_name(c) for c in grouped_configs.SM100_CONFIGS[problem.fmt]
+             if grouped_configs.sm100_kernel_name(c) not in built]
+  if missing:
+    return (f"this build of jax_gmma has no kernel {', '.join(missing)}; rebuild it with "
+            "JAX_GMMA_CUDA_ARCHS including 100a")
+  return None
+
+
 def _kernel_missing(ctx, params):
   problem = _problem(ctx.avals_in, params)
+  packed = _is_packed(params["w_tree"])
+  if _takes_sm100(problem.fmt, params["w_tree"]):
+    return _sm100_missing(ctx, problem, params)
+  if not packed and problem.fmt in BLOCK_SCALED_FORMATS and problem.fmt != "mxfp8":
+    dev = _backend.first_cuda_device()
+    where = f"compute capability {_backend.device_cc(dev)}" if dev is not None else "this platform"
+    return (f"no grouped kernel for {problem.fmt} x {problem.fmt} experts on {where}: block-scaled "
+            f"{problem.fmt} experts (a QuantizedArray w) run on sm_100a (compute capability 10.0); "
+            f"on Hopper pass them as a PackedWeight (jax_gmma.weightonly.prepare(w)) to run the "
+            f"grouped weight-only kernel (x in bfloat16)")
   why = grouped_configs.unsupported(problem)
   if why is not None:
     return why
-  packed = problem.fmt in grouped_configs.WEIGHTONLY_FORMATS
   if not packed:
     nx = params["x_tree"].num_leaves
     for name, aval in (("x", ctx.avals_in[0]), ("w", ctx.avals_in[nx])):
@@ -248,6 +326,25 @@ def kernel_operands(x: QuantizedArray, w: QuantizedArray, kind: str):
   return x.data, w.data, sa, sb
 
 
+def block_scaled_operands(x: QuantizedArray, w: QuantizedArray):
+  """(a, b, a_sf, b_sf, a_global, b_global) as the Blackwell grouped block-scaled kernels take
+  them (ffi/grouped_ffi.cc, ``jax_gmma_mx_grouped_gemm``): x's elements (M, K) and w's
+  (G, N, K), FP4 packed 2 per byte (``mx.pack_data``); the scale factors' raw bytes in the
+  swizzled 128x4-atom layout, flat, w's per expert back to back (row-major scales swizzled here);
+  NVFP4's global scales as float32 (1,) and (G,) (a weight quantized as one (G, N, K) tensor has
+  one, broadcast to every expert; ones for the MX formats, which the kernel does not read)."""
+  m = x.data.shape[0]
+  g, n = w.data.shape[0], w.data.shape[1]
+  a = mx.pack_data(x, m)
+  b = mx.pack_data(w, g * n).reshape(g, n, -1)
+  if x.format.name == "nvfp4":
+    ga = jnp.asarray(x.global_scale, _F32).reshape(1)
+    gb = jnp.broadcast_to(jnp.asarray(w.global_scale, _F32).reshape(-1), (g,))
+  else:
+    ga, gb = jnp.ones((1,), _F32), jnp.ones((g,), _F32)
+  return a, b, _sf_bytes(x), _sf_bytes(w), ga, gb
+
+
 def packed_operands(x, w: PackedWeight):
   """(x, x_scale, has_x_scale, w_global) as the grouped weight-only kernel takes them
   (ffi/weightonly_ffi.cc): x in bfloat16, K padded to the experts' padded K with zeros (an FP8
@@ -282,10 +379,50 @@ def _plan(problem, kind: str, kernel_out, sm_count: int, has_bias: bool):
   raise ValueError(f"{WHO}: kernel {name} cannot run {problem}: {err}")
 
 
+def _sm100_kernel(ctx, args, problem, x_tree, w_tree, out_dtype, has_bias):
+  """The CUDA lowering on sm_100a for block-scaled experts: one FFI call of the grouped
+  block-scaled kernel (``jax_gmma_mx_grouped_gemm``) with its XLA-owned workspace."""
+  kernel_out = np.dtype(_F32) if np.dtype(out_dtype) == shapes.F16 else np.dtype(out_dtype)
+  sm_count = int(_backend.first_cuda_device().core_count)
+  element = grouped_configs.SM100_ELEMENTS[problem.fmt]
+  # the selected config, or the 1-SM one where the library's can_implement refuses it
+  config = grouped_configs.select_sm100_config(problem, sm_count)
+  for cfg in dict.fromkeys((config, grouped_configs.SM100_CONFIGS[problem.fmt][0])):
+    name = grouped_configs.sm100_kernel_name(cfg)
+    err, ws = _backend.ext().check_grouped(name, element, element, kernel_out.name, problem.m, problem.n,
+                                           problem.k, problem.g, sm_count, bool(has_bias))
+    if not err:
+      break
+  else:
+    raise ValueError(f"{WHO}: kernel {name} cannot run {problem}: {err}")
+  nx, nw = x_tree.num_leaves, w_tree.num_leaves
+  out_shape = jax.ShapeDtypeStruct((problem.m, problem.n), kernel_out)
+  # the workspace: per-expert arguments and the experts' re-laid activation scale factors,
+  # written on the device (XLA owns it: valid under CUDA-graph replay)
+  ws_shape = jax.ShapeDtypeStruct((max(int(ws), 16),), np.uint8)
+
+  def lowered(*leaves):
+    x = jax.tree.unflatten(x_tree, leaves[:nx])
+    w = jax.tree.unflatten(w_tree, leaves[nx:nx + nw])
+    group_sizes, bias, row_ids = leaves[nx + nw:]
+    bias_in = bias.astype(kernel_out) if has_bias else jnp.zeros((1,), kernel_out)
+    a, b, sa, sb, ga, gb = block_scaled_operands(x, w)
+    out = jax.ffi.ffi_call(_backend.MX_GROUPED_GEMM_TARGET, (out_shape, ws_shape))(
+        a, b, sa, sb, ga, gb, bias_in, group_sizes.astype(jnp.int32), row_ids.astype(jnp.int32),
+        config=name, a_dtype=element, b_dtype=element, k=np.int64(problem.k),
+        sf_vec=np.int32(16 if problem.fmt == "nvfp4" else 32), sm_count=np.int32(sm_count),
+        has_bias=bool(has_bias), has_global=problem.fmt == "nvfp4")[0]
+    return out.astype(out_dtype)
+
+  return mlir.lower_fun(lowered, multiple_results=False)(ctx, *args)
+
+
 def _kernel(ctx, *args, x_tree, w_tree, fmt, n, out_dtype, has_bias):
   _backend.prepare_devices()
   problem = _problem(ctx.avals_in, {"x_tree": x_tree, "n": n, "fmt": fmt})
-  packed = fmt in grouped_configs.WEIGHTONLY_FORMATS
+  if _takes_sm100(fmt, w_tree):
+    return _sm100_kernel(ctx, args, problem, x_tree, w_tree, out_dtype, has_bias)
+  packed = _is_packed(w_tree)
   # float16 output: the float32 kernel, then one rounding (as the dense families)
   kernel_out = np.dtype(_F32) if np.dtype(out_dtype) == shapes.F16 else np.dtype(out_dtype)
   sm_count = int(_backend.first_cuda_device().core_count)
@@ -357,7 +494,8 @@ def _finish(acc, args, p):
   return acc.astype(p["out_dtype"])
 
 
-#: the contraction block of each weight family's scales (K splits in whole blocks of it)
+#: the contraction block of each weight family's scales (K splits in whole blocks of it; NVFP4's
+#: is 16)
 _K_BLOCK = {"tensorwise": None, "blockwise": shapes.BLOCK_K, "mx": 32, "weightonly": None}
 
 
@@ -382,9 +520,9 @@ def _partition_rule(avals, params):
   k = x.k if isinstance(x, QuantizedArray) else kp
   packed = isinstance(w, PackedWeight)
   fmt = params["fmt"]
-  family = ("weightonly" if packed else "mx" if fmt == "mxfp8" else
+  family = ("weightonly" if packed else "mx" if fmt in BLOCK_SCALED_FORMATS else
             "tensorwise" if fmt in tensorwise.WEIGHT_FORMATS else "blockwise")
-  block = _K_BLOCK[family]
+  block = 16 if family == "mx" and fmt == "nvfp4" else _K_BLOCK[family]  # NVFP4: scale per 16
   counter = itertools.count()
 
   def fresh(ndim):
@@ -426,6 +564,9 @@ def _partition_rule(avals, params):
   else:
     w_ops.append(("g", "n", "k"))
     for a in wa[1:]:
+      if len(a.shape) == 0:  # one NVFP4 global scale for all experts (replicated)
+        w_ops.append(())
+        continue
       dims = ["g"]
       if w.layout != "rowmajor":
         dims += fresh(len(a.shape) - 1)
@@ -494,13 +635,17 @@ def _rename(e, who_was: str, who: str):
 
 def _expert_view(w, g: int) -> QuantizedArray:
   """An abstract QuantizedArray of one (N, K) expert of ``w`` (its arrays with the leading
-  expert axis dropped): the constructor checks them against the format."""
-  leaves = (w.data, jax.eval_shape(lambda q: q.scales, w), w.global_scale)
+  expert axis dropped; a scalar NVFP4 global scale of a (G, N, K) quantization is every
+  expert's): the constructor checks them against the format."""
+  shared = w.global_scale is not None and len(w.canonical_shape) == 3 and len(w.global_scale.shape) == 0
+  leaves = (w.data, jax.eval_shape(lambda q: q.scales, w), None if shared else w.global_scale)
   for name, a in zip(("data", "scales", "global_scale"), leaves):
     if a is not None and (len(a.shape) < 1 or a.shape[0] != g):
       raise ValueError(f"{WHO}: w.{name} must have the leading expert axis ({g},) of w.data, got "
                        f"shape {tuple(a.shape)}")
   one = [None if a is None else jax.ShapeDtypeStruct(a.shape[1:], a.dtype) for a in leaves]
+  if shared:
+    one[2] = jax.ShapeDtypeStruct((), w.global_scale.dtype)
   try:
     return QuantizedArray(*one, format=w.format, shape=tuple(w.canonical_shape[-2:]), dtype=w.dtype,
                           layout=w.layout)
@@ -560,8 +705,8 @@ def check_weight(w):
                     "experts (jax.vmap of jax_gmma.weightonly.prepare) or a list of G expert weights, "
                     f"got {type(w).__name__}")
   fmt = w.format.name
-  if fmt in weightonly.WEIGHT_FORMATS:
-    raise ValueError(f"{WHO}: w has format {fmt!r}: FP4 / FP6 expert weights are multiplied as "
+  if fmt in weightonly.WEIGHT_FORMATS and fmt not in X_FORMATS:
+    raise ValueError(f"{WHO}: w has format {fmt!r}: FP6 expert weights are multiplied as "
                      f"PackedWeights: jax_gmma.weightonly.prepare(w) (G experts in one PackedWeight)")
   if fmt not in X_FORMATS:
     raise ValueError(f"{WHO}: w has format {fmt!r}; supported expert-weight formats: "
@@ -580,8 +725,14 @@ def check_weight(w):
   g = int(w.data.shape[0])
   one = _expert_view(w, g)
   n, k = one.canonical_shape
-  primitive.check_fp8_weight(one, WHO)
-  family = "mx" if fmt == "mxfp8" else "tensorwise" if fmt in tensorwise.WEIGHT_FORMATS else "blockwise"
+  if fmt in BLOCK_SCALED_FORMATS and fmt != "mxfp8":  # FP4 elements: N as the FP8 kernels'
+    if n % shapes.N_ALIGN:
+      raise ValueError(f"{WHO}: N (w's rows) must be a multiple of {shapes.N_ALIGN} for {fmt} weights "
+                       f"(16-byte aligned output rows), got {n}")
+  else:
+    primitive.check_fp8_weight(one, WHO)
+  family = ("mx" if fmt in BLOCK_SCALED_FORMATS else
+            "tensorwise" if fmt in tensorwise.WEIGHT_FORMATS else "blockwise")
   if family != "mx" and k % shapes.K_ALIGN:
     raise ValueError(f"{WHO}: K (w's contraction length, x.shape[1]) must be a multiple of "
                      f"{shapes.K_ALIGN} for {fmt} weights (16-byte aligned fp8 rows), got {k}")
@@ -603,7 +754,11 @@ def _check_x(x, family: str, fmt: str, k: int, x_format):
       raise ValueError(f"{WHO}: x_format applies to a float x; x is already {xf} (pass "
                        f"x_format=None), got {x_format!r}")
     wide = family in ("tensorwise", "weightonly")
-    if np.dtype(x.dtype) not in ((shapes.F8E4M3, shapes.F8E5M2) if wide else (shapes.F8E4M3,)):
+    if family == "mx" and fmt != "mxfp8":  # FP4 elements, the format's only dtype
+      if np.dtype(x.dtype) != np.dtype(jnp.dtype(grouped_configs.SM100_ELEMENTS[fmt])):
+        raise TypeError(f"{WHO}: x must have {grouped_configs.SM100_ELEMENTS[fmt]} elements for {fmt} "
+                        f"expert weights, got {np.dtype(x.dtype).name}")
+    elif np.dtype(x.dtype) not in ((shapes.F8E4M3, shapes.F8E5M2) if wide else (shapes.F8E4M3,)):
       raise TypeError(f"{WHO}: x must have float8_e4m3fn elements{' (or float8_e5m2)' if wide else ''}"
                       f" for {fmt} expert weights, got {np.dtype(x.dtype).name}")
     shape = x.canonical_shape
@@ -715,10 +870,11 @@ def ragged_dot(x, w, group_sizes, *, bias=None, out_dtype=None, x_format: Option
       ``jax_gmma.dot`` does for w's format (``x_format``), or a QuantizedArray of an (M, K)
       operand in one of those formats.
     w: the G expert weights, K last: a QuantizedArray of the (G, N, K) array (formats
-      fp8_channel, fp8_128x128, fp8_1x128, mxfp8: one set of scales per expert, as
-      ``jax_gmma.quantize`` makes them), or a QuantizedArray of one (N, K) expert whose arrays
-      carry a leading expert axis (``jax.vmap(lambda e: jax_gmma.quantize(e, fmt))(w)``: the
-      form of fp8_tensor, one scale per expert), or FP4 / FP6 experts (nvfp4, mxfp4,
+      fp8_channel, fp8_128x128, fp8_1x128, mxfp8, and nvfp4 / mxfp4 for Blackwell's grouped
+      block-scaled kernel: one set of scales per expert, as ``jax_gmma.quantize`` makes them), or
+      a QuantizedArray of one (N, K) expert whose arrays carry a leading expert axis
+      (``jax.vmap(lambda e: jax_gmma.quantize(e, fmt))(w)``: the form of fp8_tensor, one scale
+      per expert), or FP4 / FP6 experts (nvfp4, mxfp4,
       mxfp6_e2m3, mxfp6_e3m2) as a PackedWeight of G experts
       (``jax_gmma.weightonly.prepare(w, fmt)`` on the (G, N, K) float experts, or on a (G, N, K)
       QuantizedArray of the format), or a list / tuple of G
@@ -730,7 +886,8 @@ def ragged_dot(x, w, group_sizes, *, bias=None, out_dtype=None, x_format: Option
     out_dtype: bfloat16, float16 or float32; default x's dtype (bfloat16 for a QuantizedArray x).
     x_format: how a float x is quantized: fp8_tensor / fp8_channel weights: "fp8_channel" (one
       scale per token, the default) or "fp8_tensor"; fp8_128x128 / fp8_1x128 weights:
-      "fp8_1x128"; mxfp8 weights: "mxfp8"; PackedWeight experts: "bf16" (x rounded to bfloat16).
+      "fp8_1x128"; mxfp8 / nvfp4 / mxfp4 weights: the same format; PackedWeight experts: "bf16"
+      (x rounded to bfloat16).
     group_offset: None only (``jax.lax.ragged_dot`` does not implement it either).
 
   Differentiable with respect to a float x and bias (``jax.grad``): the quantization of x
@@ -738,8 +895,9 @@ def ragged_dot(x, w, group_sizes, *, bias=None, out_dtype=None, x_format: Option
   grouped product of the cotangent with the dequantized weights in float32 (pure JAX).
 
   Shape, dtype and format rules are checked before anything runs, naming the argument. On a
-  Hopper GPU every expert format runs a grouped kernel (module docstring; a negative group size
-  gives NaN there); elsewhere the reference runs.
+  Hopper GPU every expert format but the nvfp4 / mxfp4 QuantizedArrays runs a grouped kernel, on
+  a Blackwell sm_100 GPU the mxfp8 / nvfp4 / mxfp4 QuantizedArrays (module docstring; a negative
+  group size gives NaN there); elsewhere the reference runs.
 
   Under ``jax.jit`` with sharded operands, the tokens M, the output features N and the
   contraction K may stay sharded (K: float32 partial sums and one all-reduce); the experts G are

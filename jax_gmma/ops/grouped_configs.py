@@ -21,6 +21,14 @@ bfloat16), its CTA shape picked in C++ (``weightonly_grouped_pick``).
 The grid is (16-row strips of N) x (min(G, M) + 1) CTAs: one slot per expert that can hold rows,
 so empty experts cost one early-exiting CTA per strip, never their weights
 (``cpp/include/jax_gmma/groups.cuh``).
+
+On Blackwell (sm_100a, compute capability 10.0) MXFP8, NVFP4 and MXFP4 experts given as
+QuantizedArrays (block scales on both operands: x quantized to the weights' format) run
+CUTLASS's grouped block-scaled tensor-core GEMM (``cpp/sm100_mx_gemm_grouped_blockscaled.cu``,
+tcgen05 block-scaled MMA): per format pair a 1-SM config (128-row tiles) and a 2-SM one (256-row
+MMAs over an SM pair), ``sm100_grouped_<fmt>x<fmt>_<MMA tile>_<1sm|2sm>`` (:data:`SM100_CONFIGS`,
+:func:`select_sm100_config`). Compiled and checked on the host and in its SASS only: this project
+has no Blackwell GPU to run it on.
 """
 from __future__ import annotations
 
@@ -46,6 +54,17 @@ PREFILL_128_MIN_ROWS = 256
 K_BLOCK = 32
 #: most experts a launch takes (one grid row per expert slot, CUDA's 65535 grid rows)
 MAX_GROUPS = 65534
+#: Blackwell (sm_100a) grouped block-scaled kernels (cpp/sm100_mx_gemm_grouped_blockscaled.cu):
+#: the (1-SM, 2-SM) configs of each expert format (x in the same format), and the format's
+#: element dtype
+SM100_CONFIGS = {"mxfp8": ("mxfp8xmxfp8_128x128x128_1sm", "mxfp8xmxfp8_256x128x128_2sm"),
+                 "nvfp4": ("nvfp4xnvfp4_128x128x256_1sm", "nvfp4xnvfp4_256x128x256_2sm"),
+                 "mxfp4": ("mxfp4xmxfp4_128x128x256_1sm", "mxfp4xmxfp4_256x128x256_2sm")}
+SM100_ELEMENTS = {"mxfp8": "float8_e4m3fn", "nvfp4": "float4_e2m1fn", "mxfp4": "float4_e2m1fn"}
+#: their contraction alignment: the MX scale block (16-byte TMA rows of FP4 operands)
+SM100_K_ALIGN = 32
+#: most experts and rows (int32 problem shapes, with room) of the sm100 grouped kernels
+SM100_MAX = 2**30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +83,48 @@ class GroupedProblem:
 def kernel_name(kind: str, config: str) -> str:
   """The C++ kernel-table name of a config for a scale kind."""
   return f"grouped_{kind}_{config}"
+
+
+def sm100_kernel_name(config: str) -> str:
+  """The C++ kernel-table name of an sm100 grouped block-scaled config (:data:`SM100_CONFIGS`)."""
+  return f"sm100_grouped_{config}"
+
+
+def select_sm100_config(problem: GroupedProblem, sm_count: int) -> str:
+  """The sm100 grouped config for a problem: the 2-SM one (256-row MMAs over an SM pair) when
+  the experts holding rows average more than 128 of them (M / min(G, M)) and their 256-row
+  tiles fill the SM pairs at least once (as ``mx.select_config`` for one GEMM), else 1-SM.
+  A first rule, never measured: there is no Blackwell GPU here."""
+  one, two = SM100_CONFIGS[problem.fmt]
+  slots = max(min(problem.g, problem.m), 1)
+  avg = problem.m / slots
+  tiles_2sm = -(-problem.m // 256) * -(-problem.n // 128)
+  return two if avg > 128 and tiles_2sm >= max(1, sm_count // 2) else one
+
+
+def sm100_unsupported(problem: GroupedProblem, out_align: int):
+  """Why the sm100 grouped block-scaled kernel cannot multiply the problem (a sentence), or None.
+  ``out_align``: the output's 16-byte row in elements (8 bfloat16, 4 float32)."""
+  if problem.fmt not in SM100_CONFIGS:
+    return (f"no sm_100a grouped kernel for {problem.fmt} expert weights (sm_100a grouped kernels: "
+            f"{', '.join(SM100_CONFIGS)})")
+  if problem.k % SM100_K_ALIGN:
+    return (f"the sm_100a grouped kernels need K (the stored contraction length) a multiple of "
+            f"{SM100_K_ALIGN} (the scale block; 16-byte rows of FP4 operands), got {problem.k}")
+  if problem.n % out_align:
+    return (f"the sm_100a grouped kernels need N a multiple of {out_align} for this output dtype "
+            f"(16-byte output rows), got {problem.n}")
+  if max(problem.m, problem.n, problem.k, problem.g) >= SM100_MAX:
+    return f"the sm_100a grouped kernels take M, N, K and G below 2**30, got {problem}"
+  return None
+
+
+def sm100_workspace_bound(m: int, g: int, k: int, vec: int) -> int:
+  """Bytes of the activations' re-laid scale factors in the sm100 grouped kernels' workspace
+  (from M, G and K only: at most ceil(M / 128) + min(G, M) atoms of 128 rows, each
+  ceil(K / vec / 4) x 512 bytes); the kernel adds its per-expert arrays and TMA descriptors."""
+  atoms = -(-m // 128) + min(g, m)
+  return atoms * (-(-(k // vec) // 4)) * 512
 
 
 def unsupported(problem: GroupedProblem):

@@ -71,7 +71,9 @@ struct GemmArgs {
   // weights back to back, each with its own scales (laid out as one expert's, back to back) and
   // bias row (bias (G, N)); group_sizes (G,) int32 on the device: expert e takes A's rows
   // [end_e - size_e, end_e), end = cumsum(group_sizes), numbered from row_ids[0] (the global
-  // index of A's row 0, on the device); rows past the total come out zero.
+  // index of A's row 0, on the device); rows past the total come out zero. The Blackwell
+  // block-scaled grouped kernels ("sm100_grouped_*") take a_sf / b_sf as above (b_sf: the G
+  // experts' swizzled tensors back to back) and, for NVFP4, b_global_scale (G,): one per expert.
   const int32_t* group_sizes = nullptr;
   const int32_t* row_ids = nullptr;
   int64_t groups = 0;
