@@ -74,6 +74,7 @@
 
 #include <cutlass/gemm/group_array_problem_shape.hpp>
 
+#include "jax_gmma/group_setup.cuh"
 #include "sm1xx_mx_gemm_blockscaled.cuh"
 
 namespace jax_gmma::sm100_grouped_mx {
@@ -438,68 +439,16 @@ struct Sm100MxGroupedGemm {
 // The setup kernel.
 // ---------------------------------------------------------------------------------------------
 
-// Sum and "any negative" of the group sizes, the same in every thread of the CTA.
-__device__ inline void group_total(const int32_t* sizes, int64_t groups, int64_t* total, bool* negative) {
-  __shared__ int64_t warp_sum[kSetupThreads / 32];
-  int64_t sum = 0;
-  bool neg = false;
-  for (int64_t e = threadIdx.x; e < groups; e += kSetupThreads) {
-    const int64_t v = __ldg(sizes + e);
-    sum += v;
-    neg |= v < 0;
-  }
-#pragma unroll
-  for (int d = 16; d > 0; d >>= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, d);
-  if ((threadIdx.x & 31) == 0) warp_sum[threadIdx.x >> 5] = sum;
-  *negative = __syncthreads_or(neg) != 0;  // also orders the warp sums
-  int64_t t = 0;
-#pragma unroll
-  for (int w = 0; w < kSetupThreads / 32; ++w) t += warp_sum[w];
-  *total = t;
-}
-
-// Inclusive prefix sum over the CTA; *all: the CTA's total. Ends with a barrier (smem reuse).
-__device__ inline int64_t block_inclusive_scan(int64_t v, int64_t* all) {
-  __shared__ int64_t warp_sum[kSetupThreads / 32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-  for (int d = 1; d < 32; d <<= 1) {
-    const int64_t u = __shfl_up_sync(0xFFFFFFFFu, v, d);
-    if (lane >= d) v += u;
-  }
-  if (lane == 31) warp_sum[warp] = v;
-  __syncthreads();
-  int64_t before = 0, t = 0;
-#pragma unroll
-  for (int w = 0; w < kSetupThreads / 32; ++w) {
-    before += w < warp ? warp_sum[w] : 0;
-    t += warp_sum[w];
-  }
-  __syncthreads();
-  *all = t;
-  return v + before;
-}
-
 template <class Gemm>
 __global__ void __launch_bounds__(kSetupThreads) grouped_setup_kernel(const typename Gemm::Setup s) {
   using ElD = typename Gemm::ElD;
   const int64_t r0 = __ldg(s.row_ids);
   int64_t total;
   bool negative;
-  group_total(s.sizes, s.groups, &total, &negative);
+  group_setup::group_total<kSetupThreads>(s.sizes, s.groups, &total, &negative);
 
   if (blockIdx.x > 0) {
-    // Rows [from, M) of D: contiguous (row-major), whole 16-byte vectors (N * sizeof(D) % 16 == 0).
-    const int64_t from = negative ? 0 : min(max(total - r0, int64_t{0}), s.m);
-    const int64_t row_vecs = s.n * static_cast<int64_t>(sizeof(ElD)) / 16;
-    uint32_t word = 0;  // zero, or a quiet NaN in every element of the word
-    if (negative) word = sizeof(ElD) == 2 ? 0x7FC07FC0u : 0x7FC00000u;
-    const uint4 v = make_uint4(word, word, word, word);
-    uint4* out = reinterpret_cast<uint4*>(s.d) + from * row_vecs;
-    const int64_t count = (s.m - from) * row_vecs;
-    const int64_t stride = static_cast<int64_t>(gridDim.x - 1) * kSetupThreads;
-    const int64_t first = static_cast<int64_t>(blockIdx.x - 1) * kSetupThreads + threadIdx.x;
-    for (int64_t i = first; i < count; i += stride) out[i] = v;
+    group_setup::fill_rows_past_total<kSetupThreads>(s.d, s.m, s.n, total, r0, negative);
     return;
   }
 
@@ -517,14 +466,16 @@ __global__ void __launch_bounds__(kSetupThreads) grouped_setup_kernel(const type
     const int64_t e = c + threadIdx.x;
     const int64_t size = e < s.groups ? static_cast<int64_t>(__ldg(s.sizes + e)) : 0;
     int64_t chunk;
-    const int64_t end = base + block_inclusive_scan(size, &chunk), begin = end - size;
+    const int64_t end = base + group_setup::block_inclusive_scan<kSetupThreads>(size, &chunk);
+    const int64_t begin = end - size;
     base += chunk;
     const int64_t lo = min(max(begin - r0, int64_t{0}), s.m);
     const int64_t hi = min(max(end - r0, int64_t{0}), s.m);
     const int64_t me = (negative || e >= s.groups) ? 0 : max(hi - lo, int64_t{0});  // 0: no tiles
     const int64_t atoms = (me + kAtomRows - 1) / kAtomRows;
     int64_t chunk_atoms;
-    const int64_t atom_end = atom_base + block_inclusive_scan(atoms, &chunk_atoms);
+    const int64_t atom_end =
+        atom_base + group_setup::block_inclusive_scan<kSetupThreads>(atoms, &chunk_atoms);
     atom_base += chunk_atoms;
     if (e >= s.groups) continue;
     const int m_e = static_cast<int>(me), n = static_cast<int>(s.n), k = static_cast<int>(s.k);
