@@ -57,7 +57,8 @@ Implementations ("impl"; bf16 activations in, bf16 out)
                      (C, the capacity, is the largest group of the measured routings, rounded up
                      to 8 rows: the smallest buffer that drops no row, an oracle a model does
                      not have; the best case of these spellings. XLA's default precision: on a
-                     GPU cuBLASLt's FP8 GEMM with fast accumulation.)
+                     GPU cuBLASLt's FP8 GEMM with fast accumulation, float32 out, then scaled
+                     and rounded to bf16 once.)
   torch_grouped_mm_bf16      torch._grouped_mm(x, w.transpose(-2, -1), offs=cumsum(sizes)),
                      bf16; on a CUDA GPU when torch is importable and has it (else a note)
   torch_scaled_grouped_mm_fp8  torch._scaled_grouped_mm(x_e4m3, w_e4m3.transpose(-2, -1),
@@ -224,7 +225,7 @@ def xla_fp8_loop(x, w, gs, *, cap):
   for e in range(w8.shape[0]):
     xs = lax.dynamic_slice(x8, (start[e], 0), (cap, k))
     ss = lax.dynamic_slice(sx, (start[e],), (cap,))
-    y = lax.dot_general(xs, w8[e], TN, preferred_element_type=BF16)
+    y = lax.dot_general(xs, w8[e], TN, preferred_element_type=F32)
     y = (y.astype(F32) * ss[:, None] * sw[e][None, :]).astype(BF16)
     cur = lax.dynamic_slice(out, (start[e], 0), (cap, out.shape[1]))
     keep = (jnp.arange(cap) < gs[e])[:, None]
@@ -242,7 +243,7 @@ def xla_fp8_capacity(x, w, gs, *, cap):
   sx = jnp.concatenate([sx, jnp.zeros((1,), F32)])
   slot = jnp.arange(cap)[None, :]
   idx = jnp.where(slot < gs[:, None], start[:, None] + slot, m)  # (G, C)
-  y = lax.dot_general(x8[idx], w8, (((2,), (2,)), ((0,), (0,))), preferred_element_type=BF16)
+  y = lax.dot_general(x8[idx], w8, (((2,), (2,)), ((0,), (0,))), preferred_element_type=F32)
   y = (y.astype(F32) * sx[idx][..., None] * sw[:, None, :]).astype(BF16)  # (G, C, N)
   valid = grp < g
   gi = jnp.minimum(grp, g - 1)
@@ -259,7 +260,7 @@ def xla_fp8_gather(x, w, gs, *, cap=None):
   grp, _ = row_groups(gs, m)
   gi = jnp.minimum(grp, g - 1)
   y = lax.dot_general(x8[:, None, :], w8[gi], (((2,), (2,)), ((0,), (0,))),
-                      preferred_element_type=BF16)[:, 0]
+                      preferred_element_type=F32)[:, 0]
   y = (y.astype(F32) * sx[:, None] * sw[gi]).astype(BF16)
   return jnp.where((grp < g)[:, None], y, jnp.zeros((), BF16))
 
