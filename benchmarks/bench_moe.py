@@ -9,7 +9,9 @@ GEMMs, one process, one GPU.
 
 Writes DIR/bench_moe.json (every cell: metadata, measurements, checks, reasons), DIR/bench_moe.md
 (one table per preset and phase, also printed) and DIR/bench_moe.png (speed relative to
-jax.lax.ragged_dot bf16 per cell; only when matplotlib is importable). ``--report DIR`` is the
+jax.lax.ragged_dot bf16 per cell; only when matplotlib is importable); the JSON and markdown are
+rewritten after each impl (marked partial until the end), so a run stopped early keeps the cells
+it finished. ``--report DIR`` is the
 same as ``--out DIR``. Exit status 1 when a correctness check of ours fails or ours crashes
 (after writing everything; the other cells still run), 2 on bad usage (a model preset on a
 machine without a CUDA GPU: use --quick). A failing or unavailable peer is noted, not fatal.
@@ -562,7 +564,7 @@ def cells_of(args, preset: Preset):
   return out + [("prefill", t, r) for t in args.prefill_tokens for r in args.routings]
 
 
-def bench_preset(run: Run, preset: Preset):
+def bench_preset(run: Run, preset: Preset, progress=None):
   args = run.args
   cells = cells_of(args, preset)
   run.log(f"\n== {preset.name}: G={preset.experts} of E={preset.total_experts} experts, "
@@ -590,6 +592,7 @@ def bench_preset(run: Run, preset: Preset):
     if name in (TORCH_BF16, TORCH_FP8):
       if name in run.torch_impls:
         guard_torch(run, name, preset, cells, d, inputs, ghost, checks)
+        _progress(run, preset, progress)
       continue
     impl = run.impls[name]
     try:
@@ -618,8 +621,16 @@ def bench_preset(run: Run, preset: Preset):
     del weights
     run.compiled.clear()
     gc.collect()
+    _progress(run, preset, progress)
   run.sources.clear()
   add_ratios([r for r in run.rows if r["preset"] == preset.name])
+
+
+def _progress(run: Run, preset: Preset, progress):
+  """After each impl: the preset's ratios so far, then ``progress()`` (the partial report)."""
+  if progress is not None:
+    add_ratios([r for r in run.rows if r["preset"] == preset.name])
+    progress()
 
 
 def base_row(impl_name, family, spec, preset: Preset, cell, gs_list):
@@ -884,19 +895,21 @@ def markdown(data) -> str:
       reasons.append(reason)
     return f"[{reasons.index(reason) + 1}]"
 
-  L = ["# jax-gmma grouped GEMM (mixture-of-experts) benchmark", "",
-       f"- date: {meta['date']}",
-       f"- device: {meta['device_kind']} (backend={meta['backend']}); jax {meta['jax']}, jaxlib "
-       f"{meta['jaxlib']}, jax-gmma {meta['jax_gmma']}, torch {meta['torch'] or '—'}; "
-       f"XLA_FLAGS={meta['xla_flags']!r}",
-       f"- chains of expert MLPs in one jitted program ({meta['layers']} layers per decode chain, "
-       f"{meta['prefill_layers']} per prefill call; 2 grouped GEMMs each), {meta['sets']} input sets, "
-       f"median of {meta['repeats']} repeats (>= {meta['repeat_ms']} ms); µs per grouped GEMM; "
-       "TFLOP/s of active FLOPs; GB/s of the active experts' weights (decode)",
-       "- vs bf16 = t(lax.ragged_dot bf16) / t(impl); vs XLA FP8 = t(fastest xla_fp8_* spelling) / "
-       "t(impl): > 1 means the impl is faster",
-       "- rel err: sampled rows against the float64 product of the impl's own dequantized operands "
-       "(fresh inputs); quant err: against the unquantized bf16 operands", ""]
+  L = ["# jax-gmma grouped GEMM (mixture-of-experts) benchmark", ""]
+  if not meta.get("complete", True):
+    L += ["**Partial: the run stopped before its end; these are the cells it finished.**", ""]
+  L += [f"- date: {meta['date']}",
+        f"- device: {meta['device_kind']} (backend={meta['backend']}); jax {meta['jax']}, jaxlib "
+        f"{meta['jaxlib']}, jax-gmma {meta['jax_gmma']}, torch {meta['torch'] or '—'}; "
+        f"XLA_FLAGS={meta['xla_flags']!r}",
+        f"- chains of expert MLPs in one jitted program ({meta['layers']} layers per decode chain, "
+        f"{meta['prefill_layers']} per prefill call; 2 grouped GEMMs each), {meta['sets']} input sets, "
+        f"median of {meta['repeats']} repeats (>= {meta['repeat_ms']} ms); µs per grouped GEMM; "
+        "TFLOP/s of active FLOPs; GB/s of the active experts' weights (decode)",
+        "- vs bf16 = t(lax.ragged_dot bf16) / t(impl); vs XLA FP8 = t(fastest xla_fp8_* spelling) / "
+        "t(impl): > 1 means the impl is faster",
+        "- rel err: sampled rows against the float64 product of the impl's own dequantized operands "
+        "(fresh inputs); quant err: against the unquantized bf16 operands", ""]
   if meta["backend"] != "gpu":
     L += ["> backend is not a GPU: ours is the pure-JAX reference, torch is skipped; the times are "
           "a plumbing check, not a performance measurement.", ""]
@@ -1039,14 +1052,15 @@ def main(argv=None) -> int:
           f"kernels built: {_backend.kernels_built()}, torch: {run.torch.version or run.torch.note}")
   t_start = run.begin("jax_gmma.ragged_dot")
   for i, name in enumerate(args.presets):
+    # the report is rewritten after each impl: an interrupted run keeps every cell it finished
+    partial = functools.partial(report, args, run, t_start, done=args.presets[:i + 1],
+                                no_plot=True, complete=False)
     try:
-      bench_preset(run, PRESETS[name])
+      bench_preset(run, PRESETS[name], progress=partial)
     except Exception:  # noqa: BLE001
       run.fail(f"{name} crashed:\n{traceback.format_exc()}")
     gc.collect()
-    if i + 1 < len(args.presets):  # an interrupted run keeps the presets it finished
-      report(args, run, t_start, done=args.presets[:i + 1], no_plot=True)
-  md, png, meta = report(args, run, t_start, done=args.presets, no_plot=args.no_plot)
+  md, png, meta = report(args, run, t_start, done=args.presets, no_plot=args.no_plot, complete=True)
   print()
   print(md)
   print(f"wrote {args.out}/{NAME}.json, {NAME}.md{', ' + NAME + '.png' if png else ''} "
@@ -1054,9 +1068,10 @@ def main(argv=None) -> int:
   return exit_code(run.failures)
 
 
-def report(args, run, t_start, done, no_plot):
-  """Writes the JSON, markdown and (unless no_plot) PNG of the presets in ``done``; returns the
-  markdown, the PNG path or None, and the metadata."""
+def report(args, run, t_start, done, no_plot, complete):
+  """Writes the JSON, markdown and (unless no_plot) PNG of the presets in ``done`` (the last one
+  partly done unless ``complete``); returns the markdown, the PNG path or None, and the
+  metadata."""
   paths = sorted({r["path"] for r in run.rows if r["family"] == "ours" and r.get("path")})
   notes = list(run.notes)
   if "reference" in paths and run.on_gpu:
@@ -1069,7 +1084,7 @@ def report(args, run, t_start, done, no_plot):
       jaxlib=jaxlib.__version__, jax_gmma=jax_gmma.__version__, numpy=np.__version__,
       torch=run.torch.version, torch_note=run.torch.note, kernels_built=_backend.kernels_built(),
       built_archs=_backend.built_archs(), ours_path="/".join(paths) or "n/a",
-      xla_flags=os.environ.get("XLA_FLAGS", ""), presets=list(done),
+      xla_flags=os.environ.get("XLA_FLAGS", ""), presets=list(done), complete=complete,
       decode_tokens=list(args.decode_tokens), prefill_tokens=list(args.prefill_tokens),
       routings=list(args.routings), zipf_s=args.zipf, layers=args.layers,
       prefill_layers=args.prefill_layers, sets=args.sets, repeats=args.repeats,

@@ -166,6 +166,26 @@ def test_ours_unavailable_on_a_gpu_is_recorded_not_fatal(bm, tmp_path, monkeypat
   assert any("not a kernel's" in n for n in data["notes"])
 
 
+def test_report_written_after_each_impl(bm, tmp_path, monkeypatch, cpu_device):
+  """A run stopped inside a preset keeps the cells of the impls it finished: the report is
+  rewritten after each impl, marked partial until the run ends."""
+  seen = []
+  real = bm.report
+
+  def spy(*a, **kw):
+    out = real(*a, **kw)
+    data = json.loads((tmp_path / "bench_moe.json").read_text())
+    seen.append((data["meta"]["complete"], sorted({r["impl"] for r in data["rows"]})))
+    return out
+  monkeypatch.setattr(bm, "report", spy)
+  argv = ["--quick", "--no-torch", "--no-plot", "--prefill-tokens", "", "--routings", "uniform",
+          "--decode-tokens", "1", "--impls", "ours_fp8_channel,lax_ragged_dot_bf16", "--out", str(tmp_path)]
+  assert bm.main(argv) == 0
+  assert seen == [(False, ["ours_fp8_channel"]), (False, ["lax_ragged_dot_bf16", "ours_fp8_channel"]),
+                  (True, ["lax_ragged_dot_bf16", "ours_fp8_channel"])]
+  assert "Partial" not in (tmp_path / "bench_moe.md").read_text()
+
+
 @pytest.mark.gpu
 def test_quick_run_on_a_gpu(tmp_path):
   """On a Hopper GPU: the quick run finishes; ours is measured (a kernel) or unavailable with
