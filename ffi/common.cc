@@ -62,6 +62,32 @@ std::string check_bias(const ffi::AnyBuffer& bias, const ffi::AnyBuffer& d, bool
   return {};
 }
 
+std::string check_groups(const ffi::AnyBuffer& group_sizes, const ffi::AnyBuffer& row_ids,
+                         const ffi::AnyBuffer& bias, const ffi::AnyBuffer& d, bool has_bias,
+                         int64_t groups, int64_t m, int64_t n) {
+  if (group_sizes.element_type() != ffi::DataType::S32 ||
+      static_cast<int64_t>(group_sizes.element_count()) != groups)
+    return "group_sizes must be (G,) int32";
+  if (row_ids.element_type() != ffi::DataType::S32 || static_cast<int64_t>(row_ids.element_count()) != m)
+    return "row_ids must be (M,) int32";
+  if (has_bias && (bias.element_type() != d.element_type() ||
+                   static_cast<int64_t>(bias.element_count()) != groups * n))
+    return "bias must be (G, N) in the output dtype";
+  return {};
+}
+
+std::string check_mx_operand(const ffi::AnyBuffer& x, DType t, int64_t rows, int64_t k, const char* name) {
+  const bool packed = dtype_bits(t) < 8;
+  const ffi::DataType want = packed ? ffi::DataType::U8
+                             : t == DType::kF8E4M3 ? ffi::DataType::F8E4M3FN
+                                                    : ffi::DataType::F8E5M2;
+  if (x.element_type() != want)
+    return std::string(name) + ": expected " + (packed ? "uint8 (packed)" : dtype_name(t)) + " elements";
+  if (k <= 0 || (k * dtype_bits(t)) % 8 || static_cast<int64_t>(x.size_bytes()) * 8 != rows * k * dtype_bits(t))
+    return std::string(name) + ": size does not match (rows, K) " + dtype_name(t) + " elements";
+  return {};
+}
+
 void set_common_args(GemmArgs& g, int64_t m, int64_t n, int64_t k, const ffi::AnyBuffer& a,
                      const ffi::AnyBuffer& b, const ffi::AnyBuffer& bias, bool has_bias,
                      ffi::Result<ffi::AnyBuffer>& d, ffi::Result<ffi::AnyBuffer>& workspace,

@@ -50,6 +50,16 @@ std::string check_fp8_operands(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b,
 // bias: (N,) in the output dtype of d when has_bias (else an ignored placeholder). "" when fine.
 std::string check_bias(const ffi::AnyBuffer& bias, const ffi::AnyBuffer& d, bool has_bias, int64_t n);
 
+// The grouped handlers' expert bookkeeping: group_sizes (G,) int32, row_ids (M,) int32, and a
+// bias (G, N) in the output dtype of d when has_bias. "" when fine.
+std::string check_groups(const ffi::AnyBuffer& group_sizes, const ffi::AnyBuffer& row_ids,
+                         const ffi::AnyBuffer& bias, const ffi::AnyBuffer& d, bool has_bias,
+                         int64_t groups, int64_t m, int64_t n);
+
+// A block-scaled (MX / NVFP4) operand of `rows` x K logical elements of type t: e4m3 / e5m2
+// elements one per byte, FP4 / FP6 packed in uint8 bytes. "" when fine, else a message naming it.
+std::string check_mx_operand(const ffi::AnyBuffer& x, DType t, int64_t rows, int64_t k, const char* name);
+
 // The GemmArgs fields every GEMM handler fills the same way (operand, bias, output and workspace
 // pointers, problem size, split count, SM count); scale fields are the caller's.
 void set_common_args(GemmArgs& g, int64_t m, int64_t n, int64_t k, const ffi::AnyBuffer& a,

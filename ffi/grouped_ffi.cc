@@ -54,14 +54,7 @@ ffi::Error Fp8GroupedGemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuf
   if (!to_dtype(a.element_type(), &ta) || !to_dtype(b.element_type(), &tb) ||
       !to_dtype(d->element_type(), &td))
     return bad("unsupported dtype");
-  if (group_sizes.element_type() != ffi::DataType::S32 ||
-      static_cast<int64_t>(group_sizes.element_count()) != groups)
-    return bad("group_sizes must be (G,) int32");
-  if (row_ids.element_type() != ffi::DataType::S32 || static_cast<int64_t>(row_ids.element_count()) != m)
-    return bad("row_ids must be (M,) int32");
-  if (has_bias && (bias.element_type() != d->element_type() ||
-                   static_cast<int64_t>(bias.element_count()) != groups * n))
-    return bad("bias must be (G, N) in the output dtype");
+  if (auto e = check_groups(group_sizes, row_ids, bias, *d, has_bias, groups, m, n); !e.empty()) return bad(e);
 
   GemmArgs g;
   const int64_t kb = (k + 127) / 128;
@@ -144,19 +137,8 @@ ffi::Error MxGroupedGemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuff
   const int64_t m = ad[0], groups = bd[0], n = bd[1];
   if (dd[0] != m || dd[1] != n) return bad("output shape mismatch");
   if (k <= 0) return bad("K must be positive");
-  auto check_operand = [&](const ffi::AnyBuffer& x, DType t, int64_t rows, const char* name) -> std::string {
-    const bool packed = dtype_bits(t) < 8;
-    const ffi::DataType want = packed ? ffi::DataType::U8
-                               : t == DType::kF8E4M3 ? ffi::DataType::F8E4M3FN
-                                                      : ffi::DataType::F8E5M2;
-    if (x.element_type() != want)
-      return std::string(name) + ": expected " + (packed ? "uint8 (packed)" : dtype_name(t)) + " elements";
-    if ((k * dtype_bits(t)) % 8 || static_cast<int64_t>(x.size_bytes()) * 8 != rows * k * dtype_bits(t))
-      return std::string(name) + ": size does not match (rows, K) " + dtype_name(t) + " elements";
-    return {};
-  };
-  if (auto e = check_operand(a, ta, m, "a"); !e.empty()) return bad(e);
-  if (auto e = check_operand(b, tb, groups * n, "b"); !e.empty()) return bad(e);
+  if (auto e = check_mx_operand(a, ta, m, k, "a"); !e.empty()) return bad(e);
+  if (auto e = check_mx_operand(b, tb, groups * n, k, "b"); !e.empty()) return bad(e);
   if (sf_vec != 16 && sf_vec != 32) return bad("sf_vec must be 16 or 32");
   if (a_sf.element_type() != ffi::DataType::U8 || b_sf.element_type() != ffi::DataType::U8)
     return bad("scale factors must be passed as uint8 bytes");
@@ -167,14 +149,7 @@ ffi::Error MxGroupedGemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuff
   if (has_global && (!is_f32_scalar(a_global) || b_global.element_type() != ffi::DataType::F32 ||
                      static_cast<int64_t>(b_global.element_count()) != groups))
     return bad("global scales must be float32 (1,) and (G,)");
-  if (group_sizes.element_type() != ffi::DataType::S32 ||
-      static_cast<int64_t>(group_sizes.element_count()) != groups)
-    return bad("group_sizes must be (G,) int32");
-  if (row_ids.element_type() != ffi::DataType::S32 || static_cast<int64_t>(row_ids.element_count()) != m)
-    return bad("row_ids must be (M,) int32");
-  if (has_bias && (bias.element_type() != d->element_type() ||
-                   static_cast<int64_t>(bias.element_count()) != groups * n))
-    return bad("bias must be (G, N) in the output dtype");
+  if (auto e = check_groups(group_sizes, row_ids, bias, *d, has_bias, groups, m, n); !e.empty()) return bad(e);
 
   thread_local EntryCache cache;
   std::string why;

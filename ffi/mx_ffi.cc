@@ -37,19 +37,8 @@ ffi::Error MxGemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b, f
   if (ad.size() != 2 || bd.size() != 2 || dd.size() != 2) return bad("operands must be 2-D");
   const int64_t m = ad[0], n = bd[0];
   if (dd[0] != m || dd[1] != n) return bad("output shape mismatch");
-  auto check_operand = [&](const ffi::AnyBuffer& x, DType t, int64_t rows, const char* name) -> std::string {
-    const bool packed = dtype_bits(t) < 8;
-    const ffi::DataType want = packed ? ffi::DataType::U8
-                               : t == DType::kF8E4M3 ? ffi::DataType::F8E4M3FN
-                                                      : ffi::DataType::F8E5M2;
-    if (x.element_type() != want)
-      return std::string(name) + ": expected " + (packed ? "uint8 (packed)" : dtype_name(t)) + " elements";
-    if (k <= 0 || (k * dtype_bits(t)) % 8 || static_cast<int64_t>(x.size_bytes()) * 8 != rows * k * dtype_bits(t))
-      return std::string(name) + ": size does not match (rows, K) " + dtype_name(t) + " elements";
-    return {};
-  };
-  if (auto e = check_operand(a, ta, m, "a"); !e.empty()) return bad(e);
-  if (auto e = check_operand(b, tb, n, "b"); !e.empty()) return bad(e);
+  if (auto e = check_mx_operand(a, ta, m, k, "a"); !e.empty()) return bad(e);
+  if (auto e = check_mx_operand(b, tb, n, k, "b"); !e.empty()) return bad(e);
   if (sf_vec != 16 && sf_vec != 32) return bad("sf_vec must be 16 or 32");
   if (a_sf.element_type() != ffi::DataType::U8 || b_sf.element_type() != ffi::DataType::U8)
     return bad("scale factors must be passed as uint8 bytes");
