@@ -106,23 +106,38 @@ def test_every_config(fmt, config, monkeypatch):
 
 
 @pytest.mark.parametrize("config", sorted(gc.PREFILL_CONFIGS))
-@pytest.mark.parametrize("fmt", ("fp8_128x128", "fp8_1x128"))
+@pytest.mark.parametrize("fmt", ("fp8_128x128", "fp8_1x128", "fp8_channel", "fp8_tensor"))
 @pytest.mark.parametrize("bias", (False, True))
 def test_prefill_configs(fmt, config, bias, monkeypatch):
   # experts over several tiles and partial ones, an empty expert, rows past the total; N off
-  # the 128-column tile
+  # the 128-column tile. Per-row / per-tensor experts run as 1x128 block scales.
   run_case(fmt, 700, 200, 512, (301, 0, 250, 99), config=config, bias=bias, monkeypatch=monkeypatch)
   run_case(fmt, 700, 200, 512, (301, 0, 250, 99), config=config, bias=bias, out_dtype=jnp.float32,
            monkeypatch=monkeypatch, tol=PREFILL_F32_TOL)
 
 
-def test_prefill_picked_for_many_tokens():
+@pytest.mark.parametrize("config", sorted(gc.PREFILL_CONFIGS))
+@pytest.mark.parametrize("fmt,x_format", (("fp8_channel", "fp8_tensor"), ("fp8_tensor", "fp8_tensor")))
+def test_prefill_per_tensor_x(fmt, x_format, config, monkeypatch):
+  run_case(fmt, 700, 200, 512, (301, 0, 250, 99), config=config, x_format=x_format,
+           monkeypatch=monkeypatch)
+
+
+@pytest.mark.parametrize("config", sorted(gc.PREFILL_CONFIGS))
+def test_prefill_partial_last_k_block(config, monkeypatch):
+  """K off the 128-K block (forced: the config rule sends per-row experts to the prefill kernel
+  for K a multiple of 128 only): the kernel's last K block is partial, its rest read as zeros."""
+  run_case("fp8_channel", 700, 200, 416, (301, 0, 250, 99), config=config, monkeypatch=monkeypatch)
+
+
+@pytest.mark.parametrize("fmt,kind", (("fp8_128x128", "1d2d"), ("fp8_channel", "1d1d")))
+def test_prefill_picked_for_many_tokens(fmt, kind):
   rng = _rng()
-  wq = jax_gmma.quantize(jnp.asarray(rng.standard_normal((4, 256, 512)), jnp.float32), "fp8_128x128")
+  wq = jax_gmma.quantize(jnp.asarray(rng.standard_normal((4, 256, 512)), jnp.float32), fmt)
   x = jnp.asarray(rng.standard_normal((2048, 512)), jnp.bfloat16)
   s = jnp.asarray([512] * 4, jnp.int32)
   text = jax.jit(lambda x: jax_gmma.ragged_dot(x, wq, s)).lower(x).as_text()
-  assert "grouped_blockwise_1d2d_128x128x128_coop" in text
+  assert f"grouped_blockwise_{kind}_128x128x128_coop" in text
 
 
 @pytest.mark.parametrize("fmt", ALL)

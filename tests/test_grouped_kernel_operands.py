@@ -97,6 +97,28 @@ def test_kernel_operands_follow_the_contract(fmt):
   assert not got[sizes.sum():].any()
 
 
+@pytest.mark.parametrize("fmt,x_format", (("fp8_channel", "fp8_channel"), ("fp8_channel", "fp8_tensor"),
+                                          ("fp8_tensor", "fp8_channel"), ("fp8_tensor", "fp8_tensor")))
+def test_per_row_experts_as_block_scales(fmt, x_format):
+  """Per-row / per-tensor experts at prefill: their scales written out as 1x128 block scales
+  (one value repeated over K) and multiplied by the 1x128 prefill kernel's contract give the
+  reference's result, for K a multiple of 128 and with a partial last 128-K block."""
+  for k in (256, 288):
+    rng = np.random.default_rng(k)
+    w = jnp.asarray(rng.standard_normal((G, N, k)) * (1 + np.arange(G)).reshape(G, 1, 1), jnp.float32)
+    wq = (jax.vmap(lambda e: jax_gmma.quantize(e, fmt))(w) if fmt == "fp8_tensor"
+          else jax_gmma.quantize(w, fmt))
+    xq = jax_gmma.quantize(jnp.asarray(rng.standard_normal((M, k)), jnp.float32), x_format)
+    a, b, sa, sb = grouped.kernel_operands(xq, wq, "blockwise_1d1d")
+    assert sa.dtype == jnp.float32 and sb.dtype == jnp.float32
+    sizes = np.array([7, 0, 11, 3])
+    got = _model("blockwise_1d1d", a, b, sa, sb, sizes)
+    ref = np.asarray(jax_gmma.ragged_dot(xq, wq, jnp.asarray(sizes, jnp.int32), out_dtype=jnp.float32),
+                     np.float64)
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-6
+    assert not got[sizes.sum():].any()
+
+
 def test_rows_of_a_shard():
   """A shard of the rows (row_ids[0] = 10): the groups apply to the global row numbers."""
   xq, wq = _inputs("fp8_1x128")
@@ -152,7 +174,16 @@ def test_config_rule():
   assert gc.select_config(p(1024, 4096, 8), 132) == "64x128x128_pingpong"  # 128 rows per expert
   assert gc.select_config(p(1024, 4100, 8), 132).startswith("stream_")    # N % 8: no TMA rows
   assert gc.select_config(p(4096, 4096, 8, "mxfp8"), 132) == "stream_16x16_kw4"
-  assert gc.select_config(p(4096, 4096, 8, "fp8_channel"), 132) == "stream_16x16_kw4"
+  # per-row / per-tensor experts take the 1x128 prefill kernel for K a multiple of 128 only
+  assert gc.select_config(p(4096, 4096, 8, "fp8_channel"), 132) == "128x128x128_coop"
+  assert gc.select_config(p(1024, 4096, 8, "fp8_tensor"), 132) == "64x128x128_pingpong"
+  assert gc.select_config(gc.GroupedProblem(m=4096, n=4096, k=2080, g=8, fmt="fp8_channel"),
+                          132).startswith("stream_")
+  assert gc.select_config(p(64, 4096, 8, "fp8_channel"), 132).startswith("stream_")
+  for fmt, kind in (("fp8_channel", "blockwise_1d1d"), ("fp8_tensor", "blockwise_1d1d"),
+                    ("fp8_128x128", "blockwise_1d2d"), ("fp8_1x128", "blockwise_1d1d")):
+    assert gc.kernel_kind(fmt, "128x128x128_coop") == kind
+    assert gc.kernel_kind(fmt, "stream_16x8_kw4") == gc.KINDS[fmt]
   for m, n, g in ((1, 16, 1), (64, 2048, 32), (16384, 28672, 8)):
     name = gc.select_config(p(m, n, g), 132)
     assert name in gc.CONFIGS or name in gc.PREFILL_CONFIGS

@@ -33,10 +33,13 @@ never leave the device (CUDA-graph safe). Block-scaled experts averaging 64 rows
 CUTLASS's grouped tensor-core GEMM instead (``cpp/sm90_fp8_gemm_grouped_blockwise.cu``: a setup
 kernel writes each expert's shape and operand addresses into an XLA-owned workspace from the
 group sizes on the device, then one persistent grouped kernel; 64- or 128-row tiles,
-``grouped_configs.select_config``). One rule differs from the reference: a negative group size
-makes the whole result NaN (the kernels do not sum the overlapping groups
-``jax.lax.ragged_dot`` defines for it). MXFP8 and per-channel experts stream at every M (at
-prefill sizes re-reading each expert's weights per 16 tokens). FP4 / FP6 experts (PackedWeight: nvfp4, mxfp4,
+``grouped_configs.select_config``), and so do per-channel and per-tensor experts with K a
+multiple of 128: their scales are written out as 1x128 block scales repeating one value over K
+(``as_block_scales``; the kernel then applies them per 128 of K, as it applies block scales).
+One rule differs from the reference: a negative group size makes the whole result NaN (the
+kernels do not sum the overlapping groups ``jax.lax.ragged_dot`` defines for it). MXFP8 experts
+stream at every M (at prefill sizes re-reading each expert's weights per 16 tokens: CUTLASS's
+Hopper blockwise mainloop promotes at most once per 128 of K, MXFP8 needs every 32). FP4 / FP6 experts (PackedWeight: nvfp4, mxfp4,
 mxfp6_e2m3, mxfp6_e3m2) run the grouped form of the weight-only kernels (FFI call
 ``jax_gmma_weightonly_grouped_gemm``): x in bfloat16 (an FP8 QuantizedArray x widened exactly,
 its scale applied in the epilogue), the weights widened in registers, the same expert slots; the
@@ -310,14 +313,25 @@ def _sf_bytes(q: QuantizedArray):
   return lax.bitcast_convert_type(s, jnp.uint8).reshape(-1)
 
 
+def as_block_scales(q: QuantizedArray):
+  """q's scales as block scales over 128 of K, float32, (..., scale rows, ceil(K / 128)) with
+  K = q's stored contraction length (its last axis): a block-scaled q's own; a per-row
+  (fp8_channel) or per-tensor (fp8_tensor, one per expert) scale repeated over every block, so
+  the 1x128 kernels apply exactly that one scale to every row."""
+  if q.format.name in blockwise.WEIGHT_FORMATS:  # fp8_128x128, fp8_1x128 (x too)
+    return q.scales.reshape(q.data.shape[:-2] + (-1, q.scales.shape[-1]))
+  kb = -(-q.data.shape[-1] // grouped_configs.PREFILL_K_BLOCK)
+  per_row = q.scales.astype(_F32).reshape(q.data.shape[:-2] + (-1, 1))
+  return jnp.broadcast_to(per_row, q.data.shape[:-1] + (kb,))
+
+
 def kernel_operands(x: QuantizedArray, w: QuantizedArray, kind: str):
   """(a, b, a_scales, b_scales) as the grouped kernels take them (ffi/grouped_ffi.cc): x's and
   w's elements K-major, the scales in the kind's kernel layout, w's per expert back to back."""
-  m = x.data.shape[0]
   g = w.data.shape[0]
   if kind.startswith("blockwise"):
-    sa = blockwise.kernel_scale_layout(x.scales.reshape(m, -1))
-    sb = jax.vmap(blockwise.kernel_scale_layout)(w.scales)
+    sa = blockwise.kernel_scale_layout(as_block_scales(x))
+    sb = jax.vmap(blockwise.kernel_scale_layout)(as_block_scales(w))
   elif kind == "mxf8":
     sa, sb = _sf_bytes(x), _sf_bytes(w)
   else:  # per-token / per-tensor x, per-channel / per-expert w
@@ -363,19 +377,20 @@ def packed_operands(x, w: PackedWeight):
   return x2, xs, has_xs, w.global_scale.astype(_F32).reshape(-1)
 
 
-def _plan(problem, kind: str, kernel_out, sm_count: int, has_bias: bool):
-  """(kernel name, workspace bytes) for an FP8 grouped problem: the selected config, or the
-  weight-streaming one where the library's can_implement refuses a prefill config."""
+def _plan(problem, kernel_out, sm_count: int, has_bias: bool):
+  """(scale kind, kernel name, workspace bytes) for an FP8 grouped problem: the selected config,
+  or the weight-streaming one where the library's can_implement refuses a prefill config."""
   config = grouped_configs.select_config(problem, sm_count)
   candidates = [config] + ([grouped_configs.stream_config(problem, sm_count)]
                            if grouped_configs.is_prefill(config) else [])
   e = _backend.ext()
   for cfg in candidates:
+    kind = grouped_configs.kernel_kind(problem.fmt, cfg)
     name = grouped_configs.kernel_name(kind, cfg)
     err, ws = e.check_grouped(name, "float8_e4m3fn", "float8_e4m3fn", np.dtype(kernel_out).name,
                               problem.m, problem.n, problem.k, problem.g, sm_count, bool(has_bias))
     if not err:
-      return name, ws
+      return kind, name, ws
   raise ValueError(f"{WHO}: kernel {name} cannot run {problem}: {err}")
 
 
@@ -427,8 +442,7 @@ def _kernel(ctx, *args, x_tree, w_tree, fmt, n, out_dtype, has_bias):
   kernel_out = np.dtype(_F32) if np.dtype(out_dtype) == shapes.F16 else np.dtype(out_dtype)
   sm_count = int(_backend.first_cuda_device().core_count)
   if not packed:
-    kind = grouped_configs.KINDS[fmt]
-    name, ws = _plan(problem, kind, kernel_out, sm_count, has_bias)
+    kind, name, ws = _plan(problem, kernel_out, sm_count, has_bias)
   nx, nw = x_tree.num_leaves, w_tree.num_leaves
   out_shape = jax.ShapeDtypeStruct((problem.m, n), kernel_out)
 

@@ -14,6 +14,11 @@ kind is ``grouped_<kind>_<config>``:
 * ``fp8``: fp8_channel experts (or fp8_tensor, one scale per expert), x fp8_channel or
   fp8_tensor.
 
+At prefill sizes the per-row / per-tensor experts (kind ``fp8``) run the ``blockwise_1d1d``
+prefill kernel too (:data:`PREFILL_KIND`): a per-row or per-tensor scale is a 1x128 block scale
+that repeats over K, so the lowering writes it out once per 128 of K (for K a multiple of 128)
+and CUTLASS's grouped tensor-core GEMM multiplies them; below the prefill sizes they stream.
+
 FP4 / FP6 experts (PackedWeight: nvfp4, mxfp4, mxfp6_e2m3, mxfp6_e3m2) run the grouped form of
 the weight-only decode kernel (``cpp/sm90_fp4_gemm_weightonly.cu``, ``..._fp6_...``; x in
 bfloat16), its CTA shape picked in C++ (``weightonly_grouped_pick``).
@@ -46,6 +51,13 @@ CONFIGS = {"stream_16x8_kw4": (8, 4), "stream_16x8_kw8": (8, 8), "stream_16x16_k
 #: grouped GEMM with the FP8 blockwise-scaling mainloop): rows of tokens per tile
 PREFILL_CONFIGS = {"128x128x128_coop": 128, "64x128x128_pingpong": 64}
 PREFILL_KINDS = ("blockwise_1d2d", "blockwise_1d1d")
+#: the prefill kernels' scale kind of each expert format that has one: per-row (fp8_channel)
+#: and per-tensor (fp8_tensor) scales as 1x128 blocks repeating one value over K
+PREFILL_KIND = {"fp8_128x128": "blockwise_1d2d", "fp8_1x128": "blockwise_1d1d",
+                "fp8_channel": "blockwise_1d1d", "fp8_tensor": "blockwise_1d1d"}
+#: the contraction block of the prefill kernels' scales: the per-row / per-tensor experts take
+#: them for K a multiple of it (the block-scaled formats store K padded to it)
+PREFILL_K_BLOCK = 128
 #: the experts' average rows from which the block-scaled kinds take the prefill tiles, and the
 #: 128-row tile
 PREFILL_MIN_ROWS = 64
@@ -153,17 +165,32 @@ def stream_config(problem: GroupedProblem, sm_count: int) -> str:
   return f"stream_16x{tokens}_kw{kw}"
 
 
+def takes_prefill(problem: GroupedProblem) -> bool:
+  """Whether the experts' format has a prefill kernel for the problem's shape: block-scaled
+  experts, and per-row / per-tensor ones with K a multiple of PREFILL_K_BLOCK; N a multiple of
+  8 (the output's TMA rows)."""
+  if problem.fmt not in PREFILL_KIND or problem.n % 8:
+    return False
+  return KINDS[problem.fmt] in PREFILL_KINDS or problem.k % PREFILL_K_BLOCK == 0
+
+
 def select_config(problem: GroupedProblem, sm_count: int) -> str:
-  """The config for a problem. Block-scaled experts averaging at least PREFILL_MIN_ROWS rows
-  (M / min(G, M)) take CUTLASS's grouped tensor-core kernel, in 128-row tiles from
-  PREFILL_128_MIN_ROWS and 64-row ping-pong tiles below (N a multiple of 8 for its TMA rows);
-  everything else streams the weights (:func:`stream_config`). First rules, not yet measured
-  on grouped problems."""
+  """The config for a problem. Experts with a prefill kernel (:func:`takes_prefill`) averaging
+  at least PREFILL_MIN_ROWS rows (M / min(G, M)) take CUTLASS's grouped tensor-core kernel, in
+  128-row tiles from PREFILL_128_MIN_ROWS and 64-row ping-pong tiles below; everything else
+  streams the weights (:func:`stream_config`). First rules, not yet measured on grouped
+  problems."""
   avg = problem.m / max(min(problem.g, problem.m), 1)
-  if KINDS.get(problem.fmt) in PREFILL_KINDS and avg >= PREFILL_MIN_ROWS and problem.n % 8 == 0:
+  if takes_prefill(problem) and avg >= PREFILL_MIN_ROWS:
     return "128x128x128_coop" if avg >= PREFILL_128_MIN_ROWS else "64x128x128_pingpong"
   return stream_config(problem, sm_count)
 
 
 def is_prefill(config: str) -> bool:
   return config in PREFILL_CONFIGS
+
+
+def kernel_kind(fmt: str, config: str) -> str:
+  """The scale kind whose kernel runs a config for experts of a format: the prefill kernels'
+  (:data:`PREFILL_KIND`) for a prefill config, else the format's streaming kind."""
+  return PREFILL_KIND[fmt] if is_prefill(config) else KINDS[fmt]
