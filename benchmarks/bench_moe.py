@@ -45,6 +45,13 @@ Implementations ("impl"; bf16 activations in, bf16 out)
                      platform where ours has no kernel -- jax_gmma.KernelUnavailable -- the cell
                      is recorded as unavailable with the reason, unless --allow-reference runs the
                      pure-JAX reference; "path" says which ran)
+  dense_fp8_128x128  (prefill cells) the anchor of the prefill goal: jax_gmma.dot, our dense GEMM,
+                     of all M rows against one expert's fp8_128x128 weight (x fp8_1x128): the
+                     same FLOPs as the grouped GEMM in one dense GEMM; "vs dense" of
+                     ours_fp8_128x128 = t(dense) / t(ours) (no quant err: the rows do not
+                     multiply their own experts)
+  dense_fp8_channel  ... against one expert's fp8_channel weight (x per token): the anchor of
+                     ours_fp8_channel
   lax_ragged_dot_bf16  jax.lax.ragged_dot(x, w (G, K, N) bf16, group_sizes,
                      preferred_element_type=bf16): what a JAX MoE runs without quantization
   xla_fp8_loop       a Python loop over the experts of FP8 dot_generals (XLA's FP8 GEMM): x
@@ -189,10 +196,12 @@ CAPACITY_MAX_BYTES = 16 << 30  # xla_fp8_capacity: the (G, C, K) + (G, C, N) buf
 CHECK_EXPERTS_ROWS = 8        # rows checked per chosen expert (3 experts at most)
 
 OURS = ("ours_fp8_128x128", "ours_fp8_channel", "ours_mxfp8", "ours_wo_mxfp4", "ours_wo_nvfp4")
+#: our dense GEMM at the same FLOPs (prefill), and the grouped impl each one anchors
+DENSE = {"dense_fp8_128x128": "ours_fp8_128x128", "dense_fp8_channel": "ours_fp8_channel"}
 LAX_BF16 = "lax_ragged_dot_bf16"
 XLA_FP8 = ("xla_fp8_loop", "xla_fp8_capacity", "xla_fp8_gather")
 TORCH_BF16, TORCH_FP8 = "torch_grouped_mm_bf16", "torch_scaled_grouped_mm_fp8"
-IMPLS = OURS + (LAX_BF16,) + XLA_FP8 + (TORCH_BF16, TORCH_FP8)
+IMPLS = OURS + tuple(DENSE) + (LAX_BF16,) + XLA_FP8 + (TORCH_BF16, TORCH_FP8)
 #: rel_err tolerance against the float64 product of the impl's own dequantized operands: bf16
 #: output rounding (~2e-3) plus, for the FP8 paths, accumulation order (cuBLASLt's FP8 fast
 #: accumulation for XLA's dots). The formats' own quantization error is quant_err, not checked.
@@ -278,6 +287,7 @@ class Impl:
   w_dequant: object           # (w, expert indices) -> float32 (S, N, K)
   uses_capacity: bool = False
   decode_only: bool = False
+  prefill_only: bool = False
 
 
 def _ours_x_format(spec):
@@ -294,6 +304,22 @@ def _ours(name, spec):
       w_dequant=lambda w, idx: grouped.dequantized_w(jax.tree.map(lambda a: a[idx], w)))
 
 
+def _dense(name, spec):
+  """Our dense GEMM of all M rows against expert 0's weight (the group sizes unused): the
+  grouped GEMM's FLOPs in one jax_gmma.dot."""
+  xfmt = _ours_x_format(spec)
+
+  def w_dequant(w, idx):
+    one = jnp.moveaxis(jax_gmma.dequantize(w, F32), w.axis, -1)
+    return jnp.broadcast_to(one, idx.shape + one.shape)
+
+  return Impl(
+      name, "ours", spec, prepare=jax.jit(lambda w: jax_gmma.quantize(w[0], spec)),
+      gemm=lambda x, w, gs, cap=None: jax_gmma.dot(x, w, out_dtype=BF16, x_format=xfmt),
+      x_dequant=lambda x: grouped.dequantized_x(jax_gmma.quantize(x, xfmt)),
+      w_dequant=w_dequant, prefill_only=True)
+
+
 def _xla(name, fn, **kw):
   return Impl(
       name, "xla_fp8", "fp8 per channel (XLA)", prepare=jax.jit(q_rows),
@@ -305,6 +331,7 @@ def _xla(name, fn, **kw):
 def make_impls():
   impls = {n: _ours(n, s) for n, s in zip(OURS, ("fp8_128x128", "fp8_channel", "mxfp8", "wo:mxfp4",
                                                  "wo:nvfp4"))}
+  impls.update({n: _dense(n, impls[of].spec) for n, of in DENSE.items()})
   impls[LAX_BF16] = Impl(
       LAX_BF16, "lax", "bf16", prepare=jax.jit(lambda w: jnp.swapaxes(w, 1, 2)),
       gemm=lambda x, w, gs, cap=None: lax.ragged_dot(x, w, gs, preferred_element_type=BF16),
@@ -553,7 +580,9 @@ def check_impl(run: Run, impl: Impl, preset: Preset, m: int, weights, check_in, 
     ref = np.empty((r, n))
     for j in range(len(sel)):
       ref[pos == j] = xq[pos == j] @ wq[j].T
-    errs[which] = (rel_fro(y, ref) if np.all(np.isfinite(y)) else float("inf"), rel_fro(y, src))
+    # quant_err: not for the dense anchors (every row multiplies expert 0, not its own)
+    errs[which] = (rel_fro(y, ref) if np.all(np.isfinite(y)) else float("inf"),
+                   None if impl.name in DENSE else rel_fro(y, src))
   return errs, path
 
 
@@ -673,7 +702,8 @@ def bench_cell(run: Run, impl: Impl, preset: Preset, cell, weights, sets, gs_lis
     run.log(f"{label} {row['status']}: {str(e)[:160]}")
     return
   row.update(path=path, capacity=cap,
-             rel_err=max(v[0] for v in errs.values()), quant_err=max(v[1] for v in errs.values()),
+             rel_err=max(v[0] for v in errs.values()),
+             quant_err=None if impl.name in DENSE else max(v[1] for v in errs.values()),
              rel_err_by_gemm={k: v[0] for k, v in errs.items()},
              quant_err_by_gemm={k: v[1] for k, v in errs.items()})
   if not row["rel_err"] <= row["tol"]:
@@ -697,12 +727,14 @@ def bench_cell(run: Run, impl: Impl, preset: Preset, cell, weights, sets, gs_lis
   run.rows.append(row)
   run.log(f"{label} {row['median_us']:10.2f} us/GEMM {row['tflops']:8.2f} TFLOP/s "
           + (f"{row['gbps']:7.0f} GB/s " if row.get("gbps") is not None else "")
-          + f"rel_err {row['rel_err']:.1e} quant_err {row['quant_err']:.1e} [{path or 'XLA'}]")
+          + f"rel_err {row['rel_err']:.1e} quant_err {_f(row['quant_err'], '.1e')} [{path or 'XLA'}]")
 
 
 def skip_reason(impl: Impl, preset: Preset, m: int, phase: str, cap: int):
   if impl.decode_only and phase != "decode":
     raise Skipped("decode cells only")
+  if impl.prefill_only and phase != "prefill":
+    raise Skipped("prefill cells only")
   if impl.name == "xla_fp8_gather":
     big = max(m * n * k for _, n, k in preset.shapes())
     if big > GATHER_MAX_BYTES:
@@ -743,6 +775,8 @@ def add_ratios(rows):
       r["vs_bf16"] = ok[LAX_BF16] / r["median_us"] if LAX_BF16 in ok else None
       r["vs_best_xla_fp8"] = xla[best] / r["median_us"] if best else None
       r["best_xla_fp8"] = best
+      dense = next((d for d, of in DENSE.items() if of == r["impl"]), None)
+      r["vs_dense"] = ok[dense] / r["median_us"] if dense in ok else None
 
 
 # -- torch peers ---------------------------------------------------------------------------------
@@ -907,7 +941,8 @@ def markdown(data) -> str:
         f"median of {meta['repeats']} repeats (>= {meta['repeat_ms']} ms); µs per grouped GEMM; "
         "TFLOP/s of active FLOPs; GB/s of the active experts' weights (decode)",
         "- vs bf16 = t(lax.ragged_dot bf16) / t(impl); vs XLA FP8 = t(fastest xla_fp8_* spelling) / "
-        "t(impl): > 1 means the impl is faster",
+        "t(impl); vs dense = t(our dense GEMM of the same FLOPs and format) / t(impl): > 1 means "
+        "the impl is faster",
         "- rel err: sampled rows against the float64 product of the impl's own dequantized operands "
         "(fresh inputs); quant err: against the unquantized bf16 operands", ""]
   if meta["backend"] != "gpu":
@@ -924,8 +959,8 @@ def markdown(data) -> str:
       L += [f"## {p} ({phase}): G={r0['experts']} of {r0['total_experts']} experts, "
             f"top-{r0['top_k']}, hidden {r0['hidden']}, inter {r0['inter']}", "",
             "| tokens | routing | rows M | active experts / max group | impl | path | µs/GEMM | "
-            "TFLOP/s | GB/s | rel err | quant err | vs bf16 | vs XLA FP8 |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "TFLOP/s | GB/s | rel err | quant err | vs bf16 | vs XLA FP8 | vs dense |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
       for r in ph:
         st = r.get("status")
         if st == "ok":
@@ -937,7 +972,8 @@ def markdown(data) -> str:
                  f"{r.get('path') or '—'} | {us} | "
                  f"{_f(r.get('tflops'), '.2f')} | {_f(r.get('gbps'), '.0f')} | "
                  f"{_f(r.get('rel_err'), '.1e')} | {_f(r.get('quant_err'), '.1e')} | "
-                 f"{_f(r.get('vs_bf16'), '.2f')} | {_f(r.get('vs_best_xla_fp8'), '.2f')} |")
+                 f"{_f(r.get('vs_bf16'), '.2f')} | {_f(r.get('vs_best_xla_fp8'), '.2f')} | "
+                 f"{_f(r.get('vs_dense'), '.2f')} |")
       L.append("")
   if reasons:
     L += ["Reasons:", ""] + [f"{i + 1}. {r}" for i, r in enumerate(reasons)] + [""]

@@ -16,7 +16,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "benchmarks", "bench_moe.py")
 #: every impl that runs without torch, and the fields of a measured row
 JAX_IMPLS = {"ours_fp8_128x128", "ours_fp8_channel", "ours_mxfp8", "ours_wo_mxfp4", "ours_wo_nvfp4",
-             "lax_ragged_dot_bf16", "xla_fp8_loop", "xla_fp8_capacity", "xla_fp8_gather"}
+             "dense_fp8_128x128", "dense_fp8_channel", "lax_ragged_dot_bf16", "xla_fp8_loop",
+             "xla_fp8_capacity", "xla_fp8_gather"}
 MEASURED = {"median_us", "chain_us", "tflops", "rel_err", "quant_err", "tol", "vs_bf16",
             "vs_best_xla_fp8", "best_xla_fp8", "rows", "active_experts", "max_group", "layers",
             "distinct_weights", "weight_bytes_per_expert", "lowered_to"}
@@ -56,6 +57,11 @@ def test_quick_run_checks_and_reports_every_variant(quick):
     if r["impl"] == "xla_fp8_gather" and r["phase"] == "prefill":
       assert r["status"] == "skipped" and r["reason"] == "decode cells only"
       continue
+    if r["impl"].startswith("dense_") and r["phase"] == "decode":
+      assert r["status"] == "skipped" and r["reason"] == "prefill cells only"
+      continue
+    if r["phase"] == "prefill" and r["impl"] in ("ours_fp8_128x128", "ours_fp8_channel"):
+      assert r["vs_dense"] > 0, r  # t(dense GEMM of the same FLOPs) / t(grouped)
     assert r["status"] == "ok", r
     assert MEASURED <= set(r), sorted(MEASURED - set(r))
     assert r["median_us"] > 0 and r["tflops"] > 0 and r["rows"] == r["tokens"] * 2
@@ -64,7 +70,10 @@ def test_quick_run_checks_and_reports_every_variant(quick):
     assert (r["gbps"] > 0) if r["phase"] == "decode" else ("gbps" not in r)
     # the formats' own rounding against the unquantized bf16 operands
     limit = {"ours_wo_mxfp4": 0.2, "ours_wo_nvfp4": 0.2, "lax_ragged_dot_bf16": 1e-2}
-    assert r["quant_err"] < limit.get(r["impl"], 0.08), r
+    if r["impl"].startswith("dense_"):
+      assert r["quant_err"] is None  # its rows multiply expert 0, not their own
+    else:
+      assert r["quant_err"] < limit.get(r["impl"], 0.08), r
     if r["family"] == "ours":
       assert r["path"] == "reference"
   lax_rows = [r for r in rows if r["impl"] == "lax_ragged_dot_bf16"]
@@ -74,7 +83,8 @@ def test_quick_run_checks_and_reports_every_variant(quick):
   assert zipf[0]["max_group"] > uni[0]["max_group"]  # skewed routing: a hotter expert
   md = (out / "bench_moe.md").read_text()
   for text in ("## tiny (decode)", "## tiny (prefill)", "| ours_fp8_128x128 | reference |",
-               "vs XLA FP8", "skipped [1]", "1. decode cells only"):
+               "vs XLA FP8", "vs dense", "skipped [1]", "1. prefill cells only",
+               "2. decode cells only"):
     assert text in md, text
   assert (out / "bench_moe.png").exists()  # matplotlib is a test dependency here
   assert "wrote" in stdout
