@@ -1,9 +1,15 @@
 // Host-side pieces shared by the CUTLASS 3.x GEMM families (sm90 FP8 tensorwise and block-scaled,
-// Blackwell block-scaled MX): the dtype -> CUTLASS type map, the tile-scheduler arguments
-// (swizzle, raster, stream-K / split-K decomposition) and their checks, the bias argument of the
-// epilogue, the one-time shared-memory setup and the KernelEntry of a kernel. Host code only:
+// Blackwell block-scaled MX, the grouped families): the dtype -> CUTLASS type map, the
+// tile-scheduler arguments (swizzle, raster, stream-K / split-K decomposition) and their checks,
+// the bias argument of the epilogue, the grouped kernels' workspace, arguments and checks, the
+// one-time shared-memory setup and the KernelEntry of a kernel. Host code only:
 // nothing here is compiled for the device.
 #pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
 
 #include <cute/tensor.hpp>
 #include <cutlass/cutlass.h>
@@ -112,6 +118,105 @@ inline bool same_common_args(const GemmArgs& x, const GemmArgs& y) {
 // ... plus the tile-scheduler fields (splits, swizzle, raster) of the sm90 families.
 inline bool same_scheduler_args(const GemmArgs& x, const GemmArgs& y) {
   return same_common_args(x, y) && x.splits == y.splits && x.swizzle == y.swizzle && x.raster == y.raster;
+}
+
+// -- Grouped (ptr-array) GEMMs whose per-expert shapes and operands a setup kernel writes into
+// the workspace on the device (the mixture-of-experts families: sm90 grouped blockwise, sm100
+// grouped block-scaled). --
+
+// Alignment of the workspace's regions (TMA descriptors need 64 bytes).
+constexpr size_t kGroupedAlign = 128;
+
+// The SM count the persistent grid (and CUTLASS's per-SM workspace) is sized for: GemmArgs'
+// or, when 0, the device's (an attribute query: no stream operation). 0 when neither is known.
+inline int grouped_sm_count(const GemmArgs& g) {
+  if (g.sm_count > 0) return g.sm_count;
+  int sms = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, g.device) != cudaSuccess) {
+    cudaGetLastError();  // not this call's error to report later
+    return 0;
+  }
+  return sms;
+}
+
+// The host checks every grouped family shares (expert bookkeeping, sizes, 16-byte rows of D of
+// `align_d` elements, the scheduler fields); nullptr when fine. Each family adds its operand
+// and K rules.
+inline const char* check_grouped_args(const GemmArgs& g, int align_d) {
+  if (!g.group_sizes || !g.row_ids || g.groups < 1)
+    return "the grouped kernels need group_sizes, row_ids and G >= 1";
+  if (g.groups > INT32_MAX / 2) return "G must be below 2^30";
+  if (g.m <= 0 || g.n <= 0 || g.k <= 0) return "M, N and K must be positive";
+  if (g.m > INT32_MAX / 2 || g.n > INT32_MAX / 2 || g.k > INT32_MAX / 2)
+    return "M, N and K must be below 2^30";
+  if (g.n % align_d)
+    return align_d == 8 ? "N must be a multiple of 8 for bfloat16 output (TMA: 16-byte rows of D)"
+                        : "N must be a multiple of 4 for float32 output (TMA: 16-byte rows of D)";
+  if (g.splits != 1) return "the grouped kernels do not split K (splits must be 1)";
+  if (g.swizzle != 1)
+    return "the grouped kernels take no swizzle (swizzle must be 1: the group scheduler's tile "
+           "order cannot depend on the device-side group sizes)";
+  if (g.raster < 0 || g.raster > 2) return "raster must be 0 (heuristic), 1 (along M) or 2 (along N)";
+  return nullptr;
+}
+
+// The fields of a grouped kernel's CUTLASS Arguments that every operand reaches through the
+// workspace's per-expert arrays `w` (shapes, A / B / scale pointers, strides and scale layouts,
+// D and its strides; no C operand), and the persistent scheduler over `sms` SMs. The problem
+// shapes are device-only (no host copy: grid = sms CTAs). Each family adds its epilogue fusion.
+template <class Arguments, class Arrays>
+void set_grouped_arguments(Arguments& args, const GemmArgs& g, const Arrays& w, int sms) {
+  args.mode = cutlass::gemm::GemmUniversalMode::kGrouped;
+  args.problem_shape = decltype(args.problem_shape){static_cast<int32_t>(g.groups), w.shapes, nullptr};
+  args.mainloop.ptr_A = w.a;
+  args.mainloop.dA = w.stride_a;
+  args.mainloop.ptr_B = w.b;
+  args.mainloop.dB = w.stride_b;
+  args.mainloop.ptr_SFA = w.sfa;
+  args.mainloop.layout_SFA = w.layout_sfa;
+  args.mainloop.ptr_SFB = w.sfb;
+  args.mainloop.layout_SFB = w.layout_sfb;
+  args.epilogue.ptr_C = nullptr;
+  args.epilogue.dC = w.stride_d;
+  args.epilogue.ptr_D = w.d;
+  args.epilogue.dD = w.stride_d;
+  args.hw_info.device_id = g.device;
+  args.hw_info.sm_count = sms;
+  using Raster = decltype(args.scheduler.raster_order);
+  args.scheduler.max_swizzle_size = 1;
+  args.scheduler.raster_order = g.raster == 1   ? Raster::AlongM
+                                : g.raster == 2 ? Raster::AlongN
+                                                : Raster::Heuristic;
+}
+
+// Key equality of a grouped kernel's cached Params: every operand lives in the workspace, so
+// they depend only on its address and size, G, the SM count, the device, the raster order and
+// whether there is a bias.
+inline bool same_grouped_args(const GemmArgs& x, const GemmArgs& y) {
+  return x.workspace == y.workspace && x.workspace_bytes == y.workspace_bytes && x.groups == y.groups &&
+         x.sm_count == y.sm_count && x.device == y.device && x.raster == y.raster &&
+         (x.bias != nullptr) == (y.bias != nullptr);
+}
+
+// The workspace's first kGroupedAlign-aligned address.
+inline uintptr_t grouped_workspace_base(const GemmArgs& g) {
+  return (reinterpret_cast<uintptr_t>(g.workspace) + kGroupedAlign - 1) / kGroupedAlign * kGroupedAlign;
+}
+
+// Whether the workspace holds, from `base`, `arrays` bytes of per-expert arrays then
+// `cutlass_bytes` of CUTLASS's own workspace.
+inline bool grouped_workspace_fits(const GemmArgs& g, uintptr_t base, size_t arrays, size_t cutlass_bytes) {
+  return g.workspace &&
+         g.workspace_bytes >= (base - reinterpret_cast<uintptr_t>(g.workspace)) + arrays + cutlass_bytes;
+}
+
+// CTAs of a grouped setup kernel of `threads` threads: CTA 0 writes the per-expert arrays, the
+// others (at most 2 per SM, 4 16-byte vectors per thread) fill D's rows past the groups' total.
+inline unsigned grouped_setup_ctas(const GemmArgs& g, size_t out_bytes, int threads, int sms) {
+  const int64_t vecs = g.m * g.n * static_cast<int64_t>(out_bytes) / 16;  // of D, at most
+  const int64_t per_cta = static_cast<int64_t>(threads) * 4;
+  const int64_t fill = std::min<int64_t>((vecs + per_cta - 1) / per_cta, 2 * static_cast<int64_t>(sms));
+  return static_cast<unsigned>(1 + std::max<int64_t>(fill, 1));
 }
 
 // CUTLASS's can_implement of the problem as a KernelEntry message.

@@ -87,7 +87,7 @@ using sm1xx_mx::NvF4;
 using sm1xx_mx::OutType;
 
 constexpr int kSetupThreads = 256;  // the setup and re-layout kernels' CTA
-constexpr size_t kAlign = 128;      // workspace regions (TMA descriptors need 64 bytes)
+constexpr size_t kAlign = cutlass_host::kGroupedAlign;  // workspace regions
 constexpr int64_t kAtomRows = 128;  // rows of one scale-factor atom
 constexpr int64_t kAtomBytes = 512;  // bytes of one atom (128 rows x 4 K blocks)
 constexpr int64_t kKAlign = 32;      // K: the MX scale block, 16 bytes of FP4
@@ -262,33 +262,11 @@ struct Sm100MxGroupedGemm {
     Arrays w;
   };
 
-  // The SM count the persistent grid (and CUTLASS's per-SM workspace) is sized for: GemmArgs'
-  // or, when 0, the device's (an attribute query: no stream operation). 0 when neither is known.
-  static int sm_count(const GemmArgs& g) {
-    if (g.sm_count > 0) return g.sm_count;
-    int sms = 0;
-    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, g.device) != cudaSuccess) {
-      cudaGetLastError();  // not this call's error to report later
-      return 0;
-    }
-    return sms;
-  }
-
   // CUTLASS Arguments of the grouped kernel over the arrays `w`: every operand is reached
   // through them, so the arguments depend on nothing else of the problem.
   static Arguments make_arguments(const GemmArgs& g, const Arrays& w, int sms) {
     Arguments args;
-    args.mode = cutlass::gemm::GemmUniversalMode::kGrouped;
-    // Device-only problem shapes: the host copy is nullptr (grid = sm_count persistent CTAs).
-    args.problem_shape = ProblemShape{static_cast<int32_t>(g.groups), w.shapes, nullptr};
-    args.mainloop.ptr_A = w.a;
-    args.mainloop.dA = w.stride_a;
-    args.mainloop.ptr_B = w.b;
-    args.mainloop.dB = w.stride_b;
-    args.mainloop.ptr_SFA = w.sfa;
-    args.mainloop.layout_SFA = w.layout_sfa;
-    args.mainloop.ptr_SFB = w.sfb;
-    args.mainloop.layout_SFB = w.layout_sfb;
+    cutlass_host::set_grouped_arguments(args, g, w, sms);
     // Fusion = Fma(Alpha, Acc, Bias): children op_0, op_1, op_2.
     auto& alpha = args.epilogue.thread.op_0;
     alpha.scalars[0] = 1.f;
@@ -297,17 +275,6 @@ struct Sm100MxGroupedGemm {
     auto& bias = args.epilogue.thread.op_2;
     bias.ptr_row = g.bias ? w.bias : nullptr;  // a null array adds 0
     bias.null_default = ElD(0);
-    args.epilogue.ptr_C = nullptr;
-    args.epilogue.dC = w.stride_d;
-    args.epilogue.ptr_D = w.d;
-    args.epilogue.dD = w.stride_d;
-    args.hw_info.device_id = g.device;
-    args.hw_info.sm_count = sms;
-    using Raster = decltype(args.scheduler.raster_order);
-    args.scheduler.max_swizzle_size = 1;
-    args.scheduler.raster_order = g.raster == 1   ? Raster::AlongM
-                                  : g.raster == 2 ? Raster::AlongN
-                                                  : Raster::Heuristic;
     return args;
   }
 
@@ -325,31 +292,18 @@ struct Sm100MxGroupedGemm {
 
   // The host checks (no device needed); nullptr when the problem fits the family.
   static const char* check(const GemmArgs& g) {
-    if (!g.group_sizes || !g.row_ids || g.groups < 1)
-      return "the grouped kernels need group_sizes, row_ids and G >= 1";
-    if (g.groups > INT32_MAX / 2) return "G must be below 2^30";
+    if (const char* msg = cutlass_host::check_grouped_args(g, kAlignD)) return msg;
     if (!g.a_sf || !g.b_sf) return "block-scaled kernel called without scale factors (wrong handler?)";
     if (FA::vec == 32 && (g.a_global_scale || g.b_global_scale))
       return "the MX formats have no global scale (only NVFP4 does)";
-    if (g.m <= 0 || g.n <= 0 || g.k <= 0) return "M, N and K must be positive";
-    if (g.m > INT32_MAX / 2 || g.n > INT32_MAX / 2 || g.k > INT32_MAX / 2)
-      return "M, N and K must be below 2^30";
     if (g.k % kKAlign)
       return "K must be a multiple of 32 (the MX scale block; 16-byte TMA rows of FP4 A and B)";
-    if (g.n % kAlignD)
-      return kAlignD == 8 ? "N must be a multiple of 8 for bfloat16 output (TMA: 16-byte rows of D)"
-                          : "N must be a multiple of 4 for float32 output (TMA: 16-byte rows of D)";
-    if (g.splits != 1) return "the grouped kernels do not split K (splits must be 1)";
-    if (g.swizzle != 1)
-      return "the grouped kernels take no swizzle (swizzle must be 1: the group scheduler's tile "
-             "order cannot depend on the device-side group sizes)";
-    if (g.raster < 0 || g.raster > 2) return "raster must be 0 (heuristic), 1 (along M) or 2 (along N)";
     return nullptr;
   }
 
   static const char* can_implement(const GemmArgs& g) {
     if (const char* msg = check(g)) return msg;
-    const int sms = sm_count(g);
+    const int sms = cutlass_host::grouped_sm_count(g);
     if (sms <= 0) return "no SM count (and no device to ask)";
     Arrays w;
     carve(kAlign, g.groups, 1, 1, &w);
@@ -361,26 +315,18 @@ struct Sm100MxGroupedGemm {
   static size_t workspace_size(const GemmArgs& g) {
     if (g.groups < 1 || g.m < 1 || g.k < 1) return 0;
     Arrays w;
-    const int sms = sm_count(g);
+    const int sms = cutlass_host::grouped_sm_count(g);
     return kAlign + carve_for(g, 0, &w) + cutlass_workspace(g, sms > 0 ? sms : 1);
-  }
-
-  // Kernel Params cached per thread, keyed by what they depend on (see the header comment).
-  static bool same(const GemmArgs& x, const GemmArgs& y) {
-    return x.workspace == y.workspace && x.workspace_bytes == y.workspace_bytes && x.groups == y.groups &&
-           x.sm_count == y.sm_count && x.device == y.device && x.raster == y.raster &&
-           (x.bias != nullptr) == (y.bias != nullptr);
   }
 
   static cudaError_t run(const GemmArgs& g, cudaStream_t stream) {
     if (check(g)) return cudaErrorInvalidValue;
-    const int sms = sm_count(g);
+    const int sms = cutlass_host::grouped_sm_count(g);
     if (sms <= 0) return cudaErrorInvalidValue;
-    const uintptr_t base = (reinterpret_cast<uintptr_t>(g.workspace) + kAlign - 1) / kAlign * kAlign;
+    const uintptr_t base = cutlass_host::grouped_workspace_base(g);
     Arrays w;
     const size_t arrays = carve_for(g, base, &w);
-    if (!g.workspace || g.workspace_bytes < (base - reinterpret_cast<uintptr_t>(g.workspace)) + arrays +
-                                                cutlass_workspace(g, sms))
+    if (!cutlass_host::grouped_workspace_fits(g, base, arrays, cutlass_workspace(g, sms)))
       return cudaErrorInvalidValue;
     // TMA: 16-byte aligned A, B, D and scale factors (row and expert offsets keep it: K % 32,
     // N * sizeof(D) % 16, 512-byte atoms); the re-layout reads the scale factors as 4-byte words.
@@ -408,11 +354,9 @@ struct Sm100MxGroupedGemm {
     s.w = w;
 
     // 1. The per-expert arrays (CTA 0) and the rows past the total (the other CTAs).
-    const int64_t vecs = g.m * g.n * static_cast<int64_t>(sizeof(ElD)) / 16;  // of D, at most
-    const int64_t per_cta = kSetupThreads * 4;
-    const int64_t fill_ctas = std::min<int64_t>((vecs + per_cta - 1) / per_cta, 2 * sms);
     grouped_setup_kernel<Sm100MxGroupedGemm>
-        <<<static_cast<unsigned>(1 + std::max<int64_t>(fill_ctas, 1)), kSetupThreads, 0, stream>>>(s);
+        <<<cutlass_host::grouped_setup_ctas(g, sizeof(ElD), kSetupThreads, sms), kSetupThreads, 0,
+           stream>>>(s);
     if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
 
     // 2. The activations' scale factors into atom-aligned per-expert regions.
@@ -421,8 +365,9 @@ struct Sm100MxGroupedGemm {
         <<<static_cast<unsigned>(std::max<int64_t>(relayout_ctas, 1)), kSetupThreads, 0, stream>>>(s);
     if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
 
-    // 3. The grouped GEMM over the arrays.
-    auto& e = thread_params_cache<GemmKernel>().lookup(g, &same, [&](auto& entry) {
+    // 3. The grouped GEMM over the arrays (Params cached per thread, keyed by what they depend
+    // on: see the header comment).
+    auto& e = thread_params_cache<GemmKernel>().lookup(g, &cutlass_host::same_grouped_args, [&](auto& entry) {
       entry.params = GemmKernel::to_underlying_arguments(make_arguments(g, w, sms), w.cutlass);
       entry.grid = GemmKernel::get_grid_shape(entry.params);
       entry.needs_workspace_init = false;  // per-SM TMA descriptors, written by the kernel itself
