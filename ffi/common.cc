@@ -88,6 +88,35 @@ std::string check_mx_operand(const ffi::AnyBuffer& x, DType t, int64_t rows, int
   return {};
 }
 
+std::string mx_dtypes(std::string_view a_dtype, std::string_view b_dtype, const ffi::AnyBuffer& d,
+                      DType* ta, DType* tb, DType* td) {
+  if (!dtype_from_name(std::string(a_dtype).c_str(), ta) || !dtype_from_name(std::string(b_dtype).c_str(), tb))
+    return "unknown operand dtype attribute";
+  if (!to_dtype(d.element_type(), td) || (*td != DType::kBF16 && *td != DType::kF32))
+    return "output must be bfloat16 or float32";
+  return {};
+}
+
+std::string check_mx_scale_factors(const ffi::AnyBuffer& a_sf, const ffi::AnyBuffer& b_sf, int32_t sf_vec,
+                                   int64_t a_rows, int64_t b_rows, int64_t groups, int64_t k) {
+  if (sf_vec != 16 && sf_vec != 32) return "sf_vec must be 16 or 32";
+  if (a_sf.element_type() != ffi::DataType::U8 || b_sf.element_type() != ffi::DataType::U8)
+    return "scale factors must be passed as uint8 bytes";
+  if (static_cast<int64_t>(a_sf.size_bytes()) != mx_sf_bytes(a_rows, k, sf_vec) ||
+      static_cast<int64_t>(b_sf.size_bytes()) != groups * mx_sf_bytes(b_rows, k, sf_vec))
+    return std::string("scale-factor sizes (expected the swizzled 128x4-atom layout: rows padded to 128, "
+                       "K blocks to 4") + (groups > 1 ? "; the experts' back to back)" : ")");
+  return {};
+}
+
+void set_mx_args(GemmArgs& g, const ffi::AnyBuffer& a_sf, const ffi::AnyBuffer& b_sf,
+                 const ffi::AnyBuffer& a_global, const ffi::AnyBuffer& b_global, bool has_global) {
+  g.a_sf = a_sf.untyped_data();
+  g.b_sf = b_sf.untyped_data();
+  g.a_global_scale = has_global ? static_cast<const float*>(a_global.untyped_data()) : nullptr;
+  g.b_global_scale = has_global ? static_cast<const float*>(b_global.untyped_data()) : nullptr;
+}
+
 void set_common_args(GemmArgs& g, int64_t m, int64_t n, int64_t k, const ffi::AnyBuffer& a,
                      const ffi::AnyBuffer& b, const ffi::AnyBuffer& bias, bool has_bias,
                      ffi::Result<ffi::AnyBuffer>& d, ffi::Result<ffi::AnyBuffer>& workspace,

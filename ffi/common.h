@@ -60,6 +60,22 @@ std::string check_groups(const ffi::AnyBuffer& group_sizes, const ffi::AnyBuffer
 // elements one per byte, FP4 / FP6 packed in uint8 bytes. "" when fine, else a message naming it.
 std::string check_mx_operand(const ffi::AnyBuffer& x, DType t, int64_t rows, int64_t k, const char* name);
 
+// The block-scaled handlers' element types: the operands' logical dtypes from their attributes
+// (dtype_name spelling), the output d's (bfloat16 or float32). "" when fine.
+std::string mx_dtypes(std::string_view a_dtype, std::string_view b_dtype, const ffi::AnyBuffer& d,
+                      DType* ta, DType* tb, DType* td);
+
+// The block-scaled handlers' scale factors: uint8 bytes in the swizzled 128x4-atom layout,
+// mx_sf_bytes(a_rows, K, sf_vec) for a and `groups` x mx_sf_bytes(b_rows, K, sf_vec) for b
+// (the experts' back to back; 1 group for a dense GEMM), sf_vec 16 (NVFP4) or 32 (MX). "" when
+// fine.
+std::string check_mx_scale_factors(const ffi::AnyBuffer& a_sf, const ffi::AnyBuffer& b_sf, int32_t sf_vec,
+                                   int64_t a_rows, int64_t b_rows, int64_t groups, int64_t k);
+
+// The scale-factor and NVFP4 global-scale fields of the block-scaled GemmArgs.
+void set_mx_args(GemmArgs& g, const ffi::AnyBuffer& a_sf, const ffi::AnyBuffer& b_sf,
+                 const ffi::AnyBuffer& a_global, const ffi::AnyBuffer& b_global, bool has_global);
+
 // The GemmArgs fields every GEMM handler fills the same way (operand, bias, output and workspace
 // pointers, problem size, split count, SM count); scale fields are the caller's.
 void set_common_args(GemmArgs& g, int64_t m, int64_t n, int64_t k, const ffi::AnyBuffer& a,

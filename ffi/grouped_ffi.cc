@@ -126,10 +126,7 @@ ffi::Error MxGroupedGemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuff
   auto bad = [](std::string_view msg) { return fail("jax_gmma_mx_grouped_gemm", msg); };
   // Cheap structural checks: the Python shape rules already enforce these at trace time.
   DType ta, tb, td;
-  if (!dtype_from_name(std::string(a_dtype).c_str(), &ta) || !dtype_from_name(std::string(b_dtype).c_str(), &tb))
-    return bad("unknown operand dtype attribute");
-  if (!to_dtype(d->element_type(), &td) || (td != DType::kBF16 && td != DType::kF32))
-    return bad("output must be bfloat16 or float32");
+  if (auto e = mx_dtypes(a_dtype, b_dtype, *d, &ta, &tb, &td); !e.empty()) return bad(e);
   auto ad = a.dimensions();
   auto bd = b.dimensions();
   auto dd = d->dimensions();
@@ -139,13 +136,7 @@ ffi::Error MxGroupedGemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuff
   if (k <= 0) return bad("K must be positive");
   if (auto e = check_mx_operand(a, ta, m, k, "a"); !e.empty()) return bad(e);
   if (auto e = check_mx_operand(b, tb, groups * n, k, "b"); !e.empty()) return bad(e);
-  if (sf_vec != 16 && sf_vec != 32) return bad("sf_vec must be 16 or 32");
-  if (a_sf.element_type() != ffi::DataType::U8 || b_sf.element_type() != ffi::DataType::U8)
-    return bad("scale factors must be passed as uint8 bytes");
-  if (static_cast<int64_t>(a_sf.size_bytes()) != mx_sf_bytes(m, k, sf_vec) ||
-      static_cast<int64_t>(b_sf.size_bytes()) != groups * mx_sf_bytes(n, k, sf_vec))
-    return bad("scale-factor sizes (expected the swizzled 128x4-atom layout: rows padded to 128, "
-               "K blocks to 4; the experts' back to back)");
+  if (auto e = check_mx_scale_factors(a_sf, b_sf, sf_vec, m, n, groups, k); !e.empty()) return bad(e);
   if (has_global && (!is_f32_scalar(a_global) || b_global.element_type() != ffi::DataType::F32 ||
                      static_cast<int64_t>(b_global.element_count()) != groups))
     return bad("global scales must be float32 (1,) and (G,)");
@@ -158,10 +149,7 @@ ffi::Error MxGroupedGemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuff
 
   GemmArgs g;
   set_common_args(g, m, n, k, a, b, bias, has_bias, d, workspace, 1, sm_count);
-  g.a_sf = a_sf.untyped_data();
-  g.b_sf = b_sf.untyped_data();
-  g.a_global_scale = has_global ? static_cast<const float*>(a_global.untyped_data()) : nullptr;
-  g.b_global_scale = has_global ? static_cast<const float*>(b_global.untyped_data()) : nullptr;
+  set_mx_args(g, a_sf, b_sf, a_global, b_global, has_global);
   g.group_sizes = static_cast<const int32_t*>(group_sizes.untyped_data());
   g.row_ids = static_cast<const int32_t*>(row_ids.untyped_data());
   g.groups = groups;

@@ -27,10 +27,7 @@ ffi::Error MxGemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b, f
   auto bad = [](std::string_view msg) { return fail("jax_gmma_mx_gemm", msg); };
   // Cheap structural checks: the Python shape rules already enforce these at trace time.
   DType ta, tb, td;
-  if (!dtype_from_name(std::string(a_dtype).c_str(), &ta) || !dtype_from_name(std::string(b_dtype).c_str(), &tb))
-    return bad("unknown operand dtype attribute");
-  if (!to_dtype(d->element_type(), &td) || (td != DType::kBF16 && td != DType::kF32))
-    return bad("output must be bfloat16 or float32");
+  if (auto e = mx_dtypes(a_dtype, b_dtype, *d, &ta, &tb, &td); !e.empty()) return bad(e);
   auto ad = a.dimensions();
   auto bd = b.dimensions();
   auto dd = d->dimensions();
@@ -39,13 +36,7 @@ ffi::Error MxGemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b, f
   if (dd[0] != m || dd[1] != n) return bad("output shape mismatch");
   if (auto e = check_mx_operand(a, ta, m, k, "a"); !e.empty()) return bad(e);
   if (auto e = check_mx_operand(b, tb, n, k, "b"); !e.empty()) return bad(e);
-  if (sf_vec != 16 && sf_vec != 32) return bad("sf_vec must be 16 or 32");
-  if (a_sf.element_type() != ffi::DataType::U8 || b_sf.element_type() != ffi::DataType::U8)
-    return bad("scale factors must be passed as uint8 bytes");
-  if (static_cast<int64_t>(a_sf.size_bytes()) != mx_sf_bytes(m, k, sf_vec) ||
-      static_cast<int64_t>(b_sf.size_bytes()) != mx_sf_bytes(n, k, sf_vec))
-    return bad("scale-factor sizes (expected the swizzled 128x4-atom layout: rows padded to 128, "
-               "K blocks to 4)");
+  if (auto e = check_mx_scale_factors(a_sf, b_sf, sf_vec, m, n, 1, k); !e.empty()) return bad(e);
   if (has_global && (!is_f32_scalar(a_global) || !is_f32_scalar(b_global)))
     return bad("global scales must be float32 (1,)");
   if (auto e = check_bias(bias, *d, has_bias, n); !e.empty()) return bad(e);
@@ -57,10 +48,7 @@ ffi::Error MxGemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b, f
 
   GemmArgs g;
   set_common_args(g, m, n, k, a, b, bias, has_bias, d, workspace, 1, sm_count);
-  g.a_sf = a_sf.untyped_data();
-  g.b_sf = b_sf.untyped_data();
-  g.a_global_scale = has_global ? static_cast<const float*>(a_global.untyped_data()) : nullptr;
-  g.b_global_scale = has_global ? static_cast<const float*>(b_global.untyped_data()) : nullptr;
+  set_mx_args(g, a_sf, b_sf, a_global, b_global, has_global);
   return launch(entry, g, stream);
 }
 
