@@ -5,7 +5,6 @@ rows past the total) applied to ``grouped.kernel_operands`` must give the refere
 and the config rule (``grouped_configs``). The kernels themselves run in tests/test_gpu_grouped.py."""
 import jax
 import jax.numpy as jnp
-import ml_dtypes
 import numpy as np
 import pytest
 

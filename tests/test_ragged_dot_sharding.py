@@ -8,6 +8,7 @@ float32 rounding when the contraction is split), with exactly the collectives th
 """
 import jax
 import numpy as np
+import pytest
 
 import jax_gmma
 from jax_gmma import sharding
@@ -17,10 +18,11 @@ from test_sharding import run_script  # noqa: E402 (tests/ helper)
 G, N, K, M = 4, 256, 256, 32
 
 
-def _bound(fmt, x_format=None, bias=True, layout="rowmajor", m=M, n=N, k=K, x=None):
-  """(avals, params) of the ragged_dot primitive as ``jax_gmma.ragged_dot`` binds it."""
+def _bound(fmt, x_format=None, bias=True, layout="rowmajor", m=M, n=N, k=K, x=None, packed=True):
+  """(avals, params) of the ragged_dot primitive as ``jax_gmma.ragged_dot`` binds it (FP4 / FP6
+  experts as a PackedWeight unless not packed: then a QuantizedArray)."""
   w = np.ones((G, n, k), np.float32)
-  if fmt in grouped.weightonly.WEIGHT_FORMATS:
+  if fmt in grouped.weightonly.WEIGHT_FORMATS and packed:
     wq = jax.vmap(lambda e: jax_gmma.weightonly.prepare(e, fmt))(w)
   elif fmt == "fp8_tensor":
     wq = jax.vmap(lambda e: jax_gmma.quantize(e, fmt))(w)
@@ -56,6 +58,22 @@ def _plan(rule, mesh, **dims):
   """plan() with the operands sharded by factor: dims = {factor: mesh axis}."""
   specs = [tuple(dims.get(rule.leader(f)) for f in labels) for labels in rule.operands]
   return sharding.plan(rule, mesh, specs)
+
+
+@pytest.mark.parametrize("fmt,block", (("nvfp4", 16), ("mxfp4", 32)))
+def test_partition_rule_of_fp4_quantized_experts(fmt, block):
+  """The rows, the features and the contraction of FP4 QuantizedArray experts (the Blackwell
+  grouped kernels' operands) split as the mxfp8 ones do: the scales' K blocks (NVFP4: per 16)
+  with K, the one global scale of a (G, N, K) quantization replicated."""
+  rule, _, params = _rule(fmt, packed=False)
+  assert rule.compound == {"k": ("kb", "kr", block)}
+  nx = params["x_tree"].num_leaves
+  w_ops = rule.operands[nx:nx + params["w_tree"].num_leaves]
+  assert w_ops[0] == ("g", "n", "k") and w_ops[1] == ("g", "n", "kb")
+  if fmt == "nvfp4":
+    assert w_ops[2] == () and rule.operands[nx - 1] == ()  # the global scales
+  assert _plan(rule, {"x": 2, "y": 2}, m="x", n="y") == ({"m": ("x",), "n": ("y",)}, [])
+  assert _plan(rule, {"x": 2}, k="x") == ({"k": ("x",)}, [])
 
 
 def test_rule_splits_tokens_features_and_contraction():

@@ -16,7 +16,7 @@ import pytest
 from jax import export
 
 import jax_gmma
-from jax_gmma import _backend, info, sharding
+from jax_gmma import _backend, info
 from jax_gmma.ops import grouped
 from jax_gmma.ops import grouped_configs as gc
 
@@ -80,41 +80,6 @@ def test_quantized_x_must_match_the_weights_format():
   with pytest.raises(ValueError, match=r"^jax_gmma.ragged_dot: x_format must be None or one of "
                                        r"\('nvfp4',\) for nvfp4 expert weights"):
     jax_gmma.ragged_dot(x, wq, SIZES, x_format="mxfp8")
-
-
-def _ragged_eqns(jaxpr):
-  """The ragged_dot equations of a jaxpr and of its sub-jaxprs (custom_vjp)."""
-  out = []
-  for e in jaxpr.eqns:
-    if e.primitive is grouped.ragged_dot_p:
-      out.append(e)
-    for v in e.params.values():
-      sub = getattr(v, "jaxpr", v)
-      if hasattr(sub, "eqns"):
-        out += _ragged_eqns(sub)
-  return out
-
-
-@pytest.mark.parametrize("fmt,block", (("nvfp4", 16), ("mxfp4", 32)))
-def test_partition_rule_of_fp4_experts(fmt, block):
-  """Under jax.jit the rows, the features and the contraction of FP4 QuantizedArray experts split
-  as the mxfp8 ones do: the scales' K blocks (NVFP4: per 16) with K, the one global scale of a
-  (G, N, K) quantization replicated."""
-  wq = jax_gmma.quantize(np.ones((G, 256, 256), np.float32), fmt)
-  jaxpr = jax.make_jaxpr(lambda x, s: jax_gmma.ragged_dot(x, wq, s, bias=np.ones((G, 256), np.float32)))(
-      np.ones((32, 256), np.float32), np.zeros(G, np.int32))
-  eqn, = _ragged_eqns(jaxpr.jaxpr)
-  rule = sharding.RULES["jax_gmma_ragged_dot"]([v.aval for v in eqn.invars], dict(eqn.params))
-  assert rule.compound == {"k": ("kb", "kr", block)}
-  nx = eqn.params["x_tree"].num_leaves
-  w_ops = rule.operands[nx:nx + eqn.params["w_tree"].num_leaves]
-  assert w_ops[0] == ("g", "n", "k") and w_ops[1] == ("g", "n", "kb")
-  if fmt == "nvfp4":
-    assert w_ops[2] == () and rule.operands[nx - 1] == ()  # the global scales
-  specs = [tuple({"m": "x", "n": "y"}.get(rule.leader(f)) for f in labels) for labels in rule.operands]
-  assert sharding.plan(rule, {"x": 2, "y": 2}, specs) == ({"m": ("x",), "n": ("y",)}, [])
-  specs = [tuple({"k": "x"}.get(rule.leader(f)) for f in labels) for labels in rule.operands]
-  assert sharding.plan(rule, {"x": 2}, specs) == ({"k": ("x",)}, [])
 
 
 # -- the kernels' operand contract, as a NumPy model ------------------------------------------------
