@@ -229,4 +229,4 @@ def test_deterministic():
 
 
 def test_command_buffers():
-  check_bit_identical_and_captured("cmdbuf_grouped_child.py", names=("chain",), min_calls=16)
+  check_bit_identical_and_captured("cmdbuf_grouped_child.py", names=("chain", "prefill"), min_calls=24)
