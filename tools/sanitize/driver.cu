@@ -473,11 +473,11 @@ const GemmCase kMx[] = {
     {"sm90_mxf8_stream_16x16_kw8", E4, BF, 3, 200, 256, 1, 0, false, false, false},
 };
 
-// -- grouped (mixture-of-experts) FP8 weight streaming -------------------------------------------
+// -- grouped (mixture-of-experts) FP8: weight streaming and the prefill kernels ----------------
 //
-// The "grouped_*_stream_*" configs (gemm_api.h's group fields, ffi/grouped_ffi.cc's operands): A
-// (M, K) the tokens sorted by expert, B (G, N, K) the experts back to back, each with its own
-// scales and bias row; group_sizes (G,) and row_ids (M,) int32 on the device. Global row
+// The "grouped_*_stream_*" configs and the prefill ones, with their workspace (gemm_api.h's
+// group fields, ffi/grouped_ffi.cc's operands): A (M, K) the tokens sorted by expert, B (G, N,
+// K) the experts back to back, each with its own scales and bias row; group_sizes (G,) and row_ids (M,) int32 on the device. Global row
 // row_ids[0] + i (A's row i) belongs to expert e when end_e - size_e <= row < end_e (end =
 // cumsum(group_sizes)); rows past the total are exactly zero; a negative size makes every element
 // NaN. The kernel writes every element of D (expert rows, zero rows, NaN rows).
@@ -762,7 +762,7 @@ Outcome run_grouped(const GroupedCase& c, Ctx& ctx) {
   return o;
 }
 
-// Cases: every scale kind x config, bf16 and f32 out. N not a multiple of 16 (200, 136, 264, 202,
+// Cases: every scale kind x streaming config, and the prefill configs, bf16 and f32 out. N not a multiple of 16 (200, 136, 264, 202,
 // 72: partial last 16-row strip; 99 odd); K: block-scaled a multiple of 128 (their operands are
 // padded to whole 128-K blocks), MX / fp8 K % 128 = 32 or 96 (a partial last K step), down to
 // K = 96 and 32 (no whole step). Group sizes with empty experts, experts spanning several 8- or
@@ -781,6 +781,13 @@ const GroupedCase kGrouped[] = {
     {"grouped_blockwise_1d1d_stream_16x8_kw8", BF, 24, 72, 256, "4,12,20,0", 10, false, false, true, false},
     {"grouped_blockwise_1d1d_stream_16x16_kw4", BF, 5, 136, 384, "0*20,2,0*14,3,0*4", 0, false, false, false, true},
     {"grouped_blockwise_1d1d_stream_16x16_kw8", F32, 64, 99, 256, "17,0,30,17", 0, false, false, true, false},
+    // the CUTLASS prefill kernels (setup kernel + grouped GEMM, XLA-style workspace): experts over
+    // several tiles, an empty one, rows past the total, a shard, a negative size, K off the
+    // 128-K block (a partial last K tile: 320, 416)
+    {"grouped_blockwise_1d2d_128x128x128_coop", BF, 700, 200, 512, "301,0,250,99", 0, false, false, true, true},
+    {"grouped_blockwise_1d1d_128x128x128_coop", F32, 700, 136, 320, "301,0,250,99", 0, false, false, false, false},
+    {"grouped_blockwise_1d1d_64x128x128_pingpong", BF, 500, 264, 416, "64,300,0,90", 100, false, false, true, true},
+    {"grouped_blockwise_1d2d_64x128x128_pingpong", F32, 300, 200, 384, "100,-1,150", 0, false, false, false, false},
     // MXFP8 (E8M0 per 32 of K, swizzled per expert)
     {"grouped_mxf8_stream_16x8_kw4", BF, 1, 200, 224, "0,1,0", 0, false, false, false, true},
     {"grouped_mxf8_stream_16x8_kw8", F32, 17, 202, 288, "3,0,0,14", 0, false, false, true, false},
