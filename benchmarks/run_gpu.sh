@@ -52,7 +52,9 @@
 #                      xla_fp8 and jax-gmma's formats, plus llama_decode tokens/s per D), then
 #                      examples/llama_decode.py --preset llama3-70b --layers 4 --tensor-parallel D
 #                      --check-tp with D = 4 (2 on a 2-3 GPU machine) (OUT/sharded_llama_tpD.json;
-#                      its extra options: SHARDED_LLAMA_ARGS). NCCL_NVLS_ENABLE=0 unless set.
+#                      its extra options: SHARDED_LLAMA_ARGS), and examples/moe.py --preset small
+#                      --expert-parallel over the same D GPUs (OUT/sharded_moe_epD.txt: the
+#                      all-to-all layer against the one-GPU one). NCCL_NVLS_ENABLE=0 unless set.
 #   Groups: all = info,tests,sass,fp8_large,fp8_decode,fp8_host,blockwise_large,blockwise_decode,
 #           blockwise_quant,blockwise_decode_sweep,weightonly_decode,weightonly_prefill,train
 #           bench = the benchmark steps of `all`
@@ -175,6 +177,10 @@ step() {
       python3 -P examples/llama_decode.py --preset llama3-70b --layers 4 --gen-tokens 64 --no-progress \
         --tensor-parallel "$d" --check-tp --formats bf16,xla_fp8,fp8_channel,fp8_128x128,wo:nvfp4 \
         --json "$OUT/sharded_llama_tp$d.json" $(args_of sharded_llama) || rc=$?
+      # the MoE layer expert-parallel over the GPUs (shard_map, all-to-all), checked against one GPU
+      python3 -P examples/moe.py --preset small --expert-parallel --devices "$d" \
+        --formats fp8_channel,fp8_128x128,mxfp8,wo:nvfp4 > "$OUT/sharded_moe_ep$d.txt" 2>&1 || rc=$?
+      cat "$OUT/sharded_moe_ep$d.txt"
       return "$rc" ;;
     moe_decode)
       local preset rc=0
