@@ -703,7 +703,7 @@ def bench_cell(run: Run, impl: Impl, preset: Preset, cell, weights, sets, gs_lis
     return
   row.update(path=path, capacity=cap,
              rel_err=max(v[0] for v in errs.values()),
-             quant_err=None if impl.name in DENSE else max(v[1] for v in errs.values()),
+             quant_err=None if any(v[1] is None for v in errs.values()) else max(v[1] for v in errs.values()),
              rel_err_by_gemm={k: v[0] for k, v in errs.items()},
              quant_err_by_gemm={k: v[1] for k, v in errs.items()})
   if not row["rel_err"] <= row["tol"]:
