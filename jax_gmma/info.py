@@ -77,8 +77,7 @@ def grouped_path(devs) -> str:
       return f"ERROR: the built library has no {t} handler (an older library); rebuild it"
   return (f"CUDA kernels (sm90a): {' / '.join(grouped_configs.KINDS)} experts weight streaming "
           f"(XLA FFI {target}, configs {', '.join(grouped_configs.CONFIGS)}), "
-          f"{' / '.join(grouped_configs.PREFILL_KIND)} ones (per-row / per-tensor: K a multiple of "
-          f"{grouped_configs.PREFILL_K_BLOCK}) from {grouped_configs.PREFILL_MIN_ROWS} rows per "
+          f"{' / '.join(grouped_configs.PREFILL_KIND)} ones from {grouped_configs.PREFILL_MIN_ROWS} rows per "
           f"expert on CUTLASS's grouped GEMM "
           f"({', '.join(grouped_configs.PREFILL_CONFIGS)}); "
           f"{' / '.join(grouped_configs.WEIGHTONLY_FORMATS)} experts weight streaming (XLA FFI {wo})")

@@ -125,8 +125,7 @@ def test_prefill_per_tensor_x(fmt, x_format, config, monkeypatch):
 
 @pytest.mark.parametrize("config", sorted(gc.PREFILL_CONFIGS))
 def test_prefill_partial_last_k_block(config, monkeypatch):
-  """K off the 128-K block (forced: the config rule sends per-row experts to the prefill kernel
-  for K a multiple of 128 only): the kernel's last K block is partial, its rest read as zeros."""
+  """K off the 128-K block: the kernel's last K block is partial, its rest read as zeros."""
   run_case("fp8_channel", 700, 200, 416, (301, 0, 250, 99), config=config, monkeypatch=monkeypatch)
 
 

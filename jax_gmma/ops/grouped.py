@@ -33,9 +33,10 @@ never leave the device (CUDA-graph safe). Block-scaled experts averaging 64 rows
 CUTLASS's grouped tensor-core GEMM instead (``cpp/sm90_fp8_gemm_grouped_blockwise.cu``: a setup
 kernel writes each expert's shape and operand addresses into an XLA-owned workspace from the
 group sizes on the device, then one persistent grouped kernel; 64- or 128-row tiles,
-``grouped_configs.select_config``), and so do per-channel and per-tensor experts with K a
-multiple of 128: their scales are written out as 1x128 block scales repeating one value over K
-(``as_block_scales``; the kernel then applies them per 128 of K, as it applies block scales).
+``grouped_configs.select_config``), and so do per-channel and per-tensor experts: their scales
+are written out as 1x128 block scales repeating one value over K (``as_block_scales``; the kernel
+then applies them per 128 of K, as it applies block scales; a partial last block reads zeros
+past K).
 One rule differs from the reference: a negative group size makes the whole result NaN (the
 kernels do not sum the overlapping groups ``jax.lax.ragged_dot`` defines for it). MXFP8 experts
 stream at every M (at prefill sizes re-reading each expert's weights per 16 tokens: CUTLASS's

@@ -16,8 +16,9 @@ kind is ``grouped_<kind>_<config>``:
 
 At prefill sizes the per-row / per-tensor experts (kind ``fp8``) run the ``blockwise_1d1d``
 prefill kernel too (:data:`PREFILL_KIND`): a per-row or per-tensor scale is a 1x128 block scale
-that repeats over K, so the lowering writes it out once per 128 of K (for K a multiple of 128)
-and CUTLASS's grouped tensor-core GEMM multiplies them; below the prefill sizes they stream.
+that repeats over K, so the lowering writes it out once per 128 of K (a partial last block
+included: K a multiple of 32, as every grouped kernel) and CUTLASS's grouped tensor-core GEMM
+multiplies them; below the prefill sizes they stream.
 
 FP4 / FP6 experts (PackedWeight: nvfp4, mxfp4, mxfp6_e2m3, mxfp6_e3m2) run the grouped form of
 the weight-only decode kernel (``cpp/sm90_fp4_gemm_weightonly.cu``, ``..._fp6_...``; x in
@@ -55,8 +56,8 @@ PREFILL_KINDS = ("blockwise_1d2d", "blockwise_1d1d")
 #: and per-tensor (fp8_tensor) scales as 1x128 blocks repeating one value over K
 PREFILL_KIND = {"fp8_128x128": "blockwise_1d2d", "fp8_1x128": "blockwise_1d1d",
                 "fp8_channel": "blockwise_1d1d", "fp8_tensor": "blockwise_1d1d"}
-#: the contraction block of the prefill kernels' scales: the per-row / per-tensor experts take
-#: them for K a multiple of it (the block-scaled formats store K padded to it)
+#: the contraction block of the prefill kernels' scales (the block-scaled formats store K padded
+#: to it; per-row / per-tensor experts write ceil(K / 128) blocks, the last one partial)
 PREFILL_K_BLOCK = 128
 #: the experts' average rows from which the block-scaled kinds take the prefill tiles, and the
 #: 128-row tile
@@ -166,12 +167,10 @@ def stream_config(problem: GroupedProblem, sm_count: int) -> str:
 
 
 def takes_prefill(problem: GroupedProblem) -> bool:
-  """Whether the experts' format has a prefill kernel for the problem's shape: block-scaled
-  experts, and per-row / per-tensor ones with K a multiple of PREFILL_K_BLOCK; N a multiple of
-  8 (the output's TMA rows)."""
-  if problem.fmt not in PREFILL_KIND or problem.n % 8:
-    return False
-  return KINDS[problem.fmt] in PREFILL_KINDS or problem.k % PREFILL_K_BLOCK == 0
+  """Whether the experts' format has a prefill kernel for the problem's shape: every FP8 format
+  but mxfp8, with N a multiple of 8 (the output's TMA rows). K needs nothing more than every
+  grouped kernel's multiple of K_BLOCK: a partial last 128-K block is read as zeros past K."""
+  return problem.fmt in PREFILL_KIND and problem.n % 8 == 0
 
 
 def select_config(problem: GroupedProblem, sm_count: int) -> str:
