@@ -4,6 +4,12 @@ import os
 
 import pytest
 
+# Under pytest-xdist every worker is a process with its own JAX client on the same GPU: none may
+# take XLA's default 75% of the GPU's memory up front (the second worker's allocations would
+# fail). Off unless the caller set it.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+  os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
 # GPU test runs are short on device time: XLA's GEMM autotuning (for the reference dots and
 # peers, never our kernels) costs seconds per new shape. Off unless the caller set it.
 if "xla_gpu_autotune_level" not in os.environ.get("XLA_FLAGS", ""):
