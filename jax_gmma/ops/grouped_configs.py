@@ -51,7 +51,6 @@ CONFIGS = {"stream_16x8_kw4": (8, 4), "stream_16x8_kw8": (8, 8), "stream_16x16_k
 #: prefill configs of the block-scaled kinds (cpp/sm90_fp8_gemm_grouped_blockwise.cu: CUTLASS's
 #: grouped GEMM with the FP8 blockwise-scaling mainloop): rows of tokens per tile
 PREFILL_CONFIGS = {"128x128x128_coop": 128, "64x128x128_pingpong": 64}
-PREFILL_KINDS = ("blockwise_1d2d", "blockwise_1d1d")
 #: the prefill kernels' scale kind of each expert format that has one: per-row (fp8_channel)
 #: and per-tensor (fp8_tensor) scales as 1x128 blocks repeating one value over K
 PREFILL_KIND = {"fp8_128x128": "blockwise_1d2d", "fp8_1x128": "blockwise_1d1d",
