@@ -150,7 +150,8 @@ E4M3_MAX = float(jnp.finfo(jnp.float8_e4m3fn).max)  # 448
 F32_TINY = float(np.finfo(np.float32).tiny)
 NT = (((1,), (1,)), ((), ()))  # (M, K) x (N, K) -> (M, N)
 
-#: The block-scaled formats (no GEMM kernel yet): each runs as ``emu:FMT`` by default.
+#: The block-scaled formats: each runs as ``emu:FMT`` by default (fp8_1x128, fp8_128x128 and mxfp8
+#: also as a GEMM, by their plain name).
 BLOCK_FORMATS = ("fp8_1x128", "fp8_128x128", "mxfp8", "mxfp6_e2m3", "mxfp6_e3m2", "nvfp4", "mxfp4")
 #: The FP4/FP6 weight-only GEMMs (real kernels on Hopper): each runs as ``wo:FMT`` by default.
 WEIGHTONLY_FORMATS = tuple(f"wo:{f}" for f in weightonly_formats())

@@ -76,9 +76,12 @@ JAX_GMMA_KINDS = ("gemm", "weightonly")
 
 
 def gemm_formats() -> Tuple[str, ...]:
-  """Weight formats ``jax_gmma.dot`` runs as a GEMM in the installed jax-gmma (FP8 per-tensor /
-  per-channel, and the block-scaled fp8_128x128 / fp8_1x128)."""
-  return jax_gmma.ops.tensorwise.WEIGHT_FORMATS + jax_gmma.ops.blockwise.WEIGHT_FORMATS
+  """Weight formats ``jax_gmma.dot`` runs as a GEMM on Hopper in the installed jax-gmma (FP8
+  per-tensor / per-channel, the block-scaled fp8_128x128 / fp8_1x128, and the MX formats with a
+  Hopper kernel for their own activation format: mxfp8)."""
+  mx = jax_gmma.ops.mx
+  hopper_mx = tuple(f for f in mx.WEIGHT_FORMATS if (f, f) in mx.KERNELS.get("sm_90a", {}))
+  return jax_gmma.ops.tensorwise.WEIGHT_FORMATS + jax_gmma.ops.blockwise.WEIGHT_FORMATS + hopper_mx
 
 
 def weightonly_formats() -> Tuple[str, ...]:
@@ -121,7 +124,8 @@ def parse_spec(spec: str, cls: Type[S] = Spec) -> S:
       raise ValueError(f"{spec}: unknown format {fmt!r}; formats: {', '.join(jax_gmma.FORMATS)}")
     return cls(label=spec, kind="emulated", fmt=fmt, x_format=EMU_ACTIVATION_FORMAT.get(fmt, fmt))
   if spec in gemm_formats():
-    return cls(label=spec, kind="gemm", fmt=spec, x_format=GEMM_ACTIVATION_FORMAT)
+    return cls(label=spec, kind="gemm", fmt=spec,
+               x_format=spec if spec in jax_gmma.ops.mx.WEIGHT_FORMATS else GEMM_ACTIVATION_FORMAT)
   if spec in jax_gmma.FORMATS:
     wo = (f", or 'wo:{spec}' for the FP4/FP6 weight-only GEMM (bf16 activations)"
           if spec in weightonly_formats() else "")

@@ -296,8 +296,8 @@ GEMM_PRIMITIVES = ("jax_gmma_fp8_gemm", "jax_gmma_fp8_blockwise_gemm", "jax_gmma
                    "jax_gmma_mx_gemm")
 
 
-@pytest.mark.parametrize("spec", ["bf16", "xla_fp8", "fp8_channel", "fp8_128x128", "emu:nvfp4",
-                                  "wo:nvfp4"])
+@pytest.mark.parametrize("spec", ["bf16", "xla_fp8", "fp8_channel", "fp8_128x128", "mxfp8",
+                                  "emu:nvfp4", "wo:nvfp4"])
 def test_decode_step_gemm_ops(ld, cfg, model, spec):
   """One decode step (T = 1 against the KV cache) binds the format's GEMM for each of the
   4 x layers Linears and lax.dot_general for the rest (2 attention einsums per layer and the
@@ -313,6 +313,8 @@ def test_decode_step_gemm_ops(ld, cfg, model, spec):
   prim = LAYER_GEMM[v.kind]
   if spec == "fp8_128x128":
     prim = "jax_gmma_fp8_blockwise_gemm"
+  if spec == "mxfp8":
+    prim = "jax_gmma_mx_gemm"
   gemms = {p: hist[p] for p in GEMM_PRIMITIVES if hist[p]}
   if prim is None:
     assert gemms == {} and hist["dot_general"] == n_layer + n_other, hist

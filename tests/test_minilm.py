@@ -154,6 +154,7 @@ def test_fp4_weightonly_gemm(result, fmt):
 
 def test_format_names(minilm):
   assert minilm.parse_method("fp8_channel").kind == "gemm"
+  assert (minilm.parse_method("mxfp8").kind, minilm.parse_method("mxfp8").x_format) == ("gemm", "mxfp8")
   assert minilm.parse_method("emu:nvfp4").x_format == "nvfp4"
   assert minilm.parse_method("emu:fp8_tensor").x_format == "fp8_channel"
   for fmt in jax_gmma.FORMATS:
