@@ -95,7 +95,7 @@ def test_qwix_provider_runs_the_kernels_and_matches_qwix_ptq():
   theirs = qwix.quantize_model(model, qwix.PtqProvider([rule]), x)
   text, y = _compiled(ours, x)
   assert text.count("jax_gmma_fp8_gemm") >= 3
-  assert _rel(y, _on_cpu(ours, x)) < TOL
+  assert _rel(y, _on_cpu(ours, x)) < 1e-2  # three FP8 layers: the bound of the test above
   assert _rel(y, theirs(x)) < 1e-2  # the same scales; XLA's FP8 dot vs our kernel
   assert _rel(y, model(x)) < 0.1
 

@@ -84,8 +84,10 @@ def test_fp8_matches_qwix_ptq_and_the_float_model(fp8_models):
   # FP8 e4m3 weights and activations: a few percent of the output's norm.
   assert _rel(y_theirs, y) < 0.1
   assert _rel(y_ours, y) < 0.1
-  # The same per-channel weight / per-token activation scales as qwix: nearly the same model.
-  assert _rel(y_ours, y_theirs) < 1e-3
+  # The same per-channel weight / per-token activation scales as qwix: nearly the same model. On
+  # a GPU, qwix's dots are XLA's FP8 GEMM (fast accumulation, about 1e-3 per product) and each of
+  # the three layers re-quantizes its input, where one ulp can move an e4m3 value: the bf16 bound.
+  assert _rel(y_ours, y_theirs) < (1e-3 if jax.default_backend() == "cpu" else 1e-2)
 
 
 def test_matched_layers_hold_gmma_weights_and_run_its_gemm(fp8_models):
@@ -140,7 +142,10 @@ def _oracle(x, w, bias, x_format):
     (dict(tile_size=128, **FP8), "fp8_1x128", "fp8_1x128"),
     (dict(weight_qtype="nvfp4", tile_size=16), "wo:nvfp4", None),
 ])
-@pytest.mark.parametrize("dtype,tol", [(jnp.float32, 1e-5), (jnp.bfloat16, 1e-2)])
+# float32 out: 1e-5 where the product runs in float32 (CPU), 1e-3 on a GPU, whose FP8 wgmma
+# accumulates below float32 precision (the tolerance of tests/test_gpu_fp8.py).
+@pytest.mark.parametrize("dtype,tol", [(jnp.float32, 1e-5 if jax.default_backend() == "cpu" else 1e-3),
+                                       (jnp.bfloat16, 1e-2)])
 def test_against_oracle_of_quantized_operands(rule, fmt, x_format, dtype, tol):
   model = One(dtype=dtype)
   x = _normal(1, (16, 128), dtype)
