@@ -320,11 +320,19 @@ def _dense(name, spec):
       w_dequant=w_dequant, prefill_only=True)
 
 
+def _x_dequant_rows(x):
+  """x as the XLA spellings quantize it, dequantized to float32. The barrier keeps XLA on GPU
+  (xla_allow_excess_precision) from folding convert(convert(v, e4m3), f32) back into v inside
+  the check's program, which would compare against the unquantized activation."""
+  q, s = lax.optimization_barrier(q_rows(x))
+  return q.astype(F32) * s[:, None]
+
+
 def _xla(name, fn, **kw):
   return Impl(
       name, "xla_fp8", "fp8 per channel (XLA)", prepare=jax.jit(q_rows),
       gemm=lambda x, w, gs, cap=None: fn(x, w, gs, cap=cap),
-      x_dequant=lambda x: (lambda q, s: q.astype(F32) * s[:, None])(*q_rows(x)),
+      x_dequant=_x_dequant_rows,
       w_dequant=lambda w, idx: w[0][idx].astype(F32) * w[1][idx][..., None], **kw)
 
 
