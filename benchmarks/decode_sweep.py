@@ -22,6 +22,13 @@ Rows (every one takes a bf16 activation and gives bf16):
   bf16            lax.dot_general on bf16 operands
   jnn_mxfp8       jax.nn.scaled_matmul on MXFP8 operands (x quantized in the step by JAX's own
                   quantizer, the weight once)
+  torch_fp8       torch._scaled_mm with row-wise scales (x quantized per token in torch, M padded
+                  to a multiple of 16 as its FP8 GEMM requires), the chain captured in one CUDA
+                  graph and replayed (timed with CUDA events), when torch with CUDA is importable
+                  (--no-torch: skipped). Its weights are its own random e4m3 matrices of the same
+                  shape; its check is the same float64 product of its dequantized operands. The
+                  JSON's meta says whether a 4-bit torch kernel (gemlite, torchao) is importable;
+                  none is timed yet.
 
 Correctness first: one GEMM of each row against a float64 product of the dequantized operands
 (the activation as the row quantizes it), relative Frobenius error, tolerance TOL. Timing: CHAIN
@@ -52,7 +59,7 @@ if _HERE not in sys.path:  # `python -P` does not put the script's directory on 
 
 import jax_gmma  # noqa: E402
 from jax_gmma.ops import weightonly  # noqa: E402
-from bench_fp8 import exit_code, time_rounds, warm_gpu  # noqa: E402
+from bench_fp8 import TorchPeer, exit_code, time_rounds, warm_gpu  # noqa: E402
 from bench_blockwise import q_mx  # noqa: E402
 from blockwise_decode_sweep import (CHAIN, NT, chain_of, grid, rerender, save_figure, shape_axes,  # noqa: E402
                                     sweep_meta, sweep_parser, write_sweep, xla_fp8)
@@ -65,6 +72,9 @@ DEFAULT_MS = "1,2,4,8,16,24,32,48,64,96,128,192,256"
 OURS = ("fp8_tensor", "fp8_channel", "fp8_128x128", "mxfp8", "wo:nvfp4", "wo:mxfp4", "wo:mxfp6_e2m3",
         "wo:mxfp6_e3m2")
 PEERS = ("xla_fp8", "bf16", "jnn_mxfp8")
+TORCH_FP8 = "torch_fp8"
+#: 4-bit torch kernels looked for (module names); none is a dependency of the benchmark.
+TORCH_4BIT = ("gemlite", "torchao")
 #: The activation format dot quantizes x to, per weight format (the reference's x).
 X_FORMAT = {"fp8_tensor": "fp8_channel", "fp8_channel": "fp8_channel", "fp8_128x128": "fp8_1x128",
             "mxfp8": "mxfp8"}
@@ -88,7 +98,7 @@ TC_FLOPS = {"fp8": 1979e12, "bf16": 989e12}
 WEIGHT_BYTES = {"fp8_tensor": 1.0, "fp8_channel": 1.0, "fp8_128x128": 1.0 + 4 / 128 ** 2,
                 "mxfp8": 1.0 + 1 / 32, "wo:nvfp4": 0.5 + 1 / 16, "wo:mxfp4": 0.5 + 1 / 32,
                 "wo:mxfp6_e2m3": 0.75 + 1 / 32, "wo:mxfp6_e3m2": 0.75 + 1 / 32, "xla_fp8": 1.0,
-                "bf16": 2.0, "jnn_mxfp8": 1.0 + 1 / 32}
+                "bf16": 2.0, "jnn_mxfp8": 1.0 + 1 / 32, TORCH_FP8: 1.0}
 
 
 def goal(fmt: str, m: int):
@@ -139,7 +149,86 @@ def _wo_kernel_step(x, w):
   return weightonly.weightonly_gemm(x, w, path="kernel")
 
 
-def measure(nk, ms, formats, log, repeats=5, rounds=2, wo_kernel=False):
+# -- torch peer ---------------------------------------------------------------------------------
+
+def _t_rows(t, a):
+  """Per-row e4m3 quantization in torch: (a_e4m3, scale (rows, 1) float32)."""
+  s = a.float().abs().amax(-1, keepdim=True).clamp_min(float(np.finfo(np.float32).tiny)) / 448.0
+  return (a.float() / s).to(t.float8_e4m3fn), s
+
+
+def torch_fp8_step(t):
+  """One decode GEMM as a torch user writes it: x (M, K) bf16 quantized per token, rows padded
+  to a multiple of 16, torch._scaled_mm against (w_e4m3 (N, K), scale (1, N)), bf16 out."""
+  def step(x, w):
+    w8, sw = w
+    m = x.shape[0]
+    pad = -m % 16
+    xp = t.nn.functional.pad(x, (0, 0, 0, pad)) if pad else x
+    x8, sx = _t_rows(t, xp)
+    y = t._scaled_mm(x8, w8.t(), scale_a=sx, scale_b=sw, out_dtype=t.bfloat16)
+    y = y[0] if isinstance(y, tuple) else y
+    return y[:m]
+  return step
+
+
+def torch_chain(t, step, k, ws):
+  """The chain of blockwise_decode_sweep.chain_of in torch (same next activation)."""
+  def f(x):
+    out = None
+    for i in range(CHAIN):
+      out = step(x, ws[i % len(ws)])
+      n = out.shape[1]
+      nxt = out.repeat(1, math.ceil(k / n)) if n < k else out
+      x = nxt[:, :k] * 1.01
+    return out
+  return f
+
+
+def torch_fp8_cell(tp, m, n, k, d, repeats, rounds, target_s):
+  """(µs per GEMM, rel_err) of the torch FP8 peer at one cell; its own weights (d copies)."""
+  t = tp.torch
+  ws = []
+  for _ in range(d):
+    w = (t.randn((n, k), device="cuda", generator=tp.gen) / math.sqrt(k)).to(t.bfloat16)
+    w8, sw = _t_rows(t, w)
+    ws.append((w8, sw.reshape(1, n)))
+  step = torch_fp8_step(t)
+  x = t.randn((m, k), device="cuda", generator=tp.gen).to(t.bfloat16)
+  x8, sx = _t_rows(t, x)
+  ref = (x8.double() * sx.double()) @ (ws[0][0].double() * ws[0][1].double().reshape(n, 1)).t()
+  out = step(x, ws[0]).double()
+  err = float(t.linalg.norm(out - ref) / t.linalg.norm(ref))
+  f = torch_chain(t, step, k, ws)
+  side = t.cuda.Stream()  # warm up on a side stream, then capture (as XLA's command buffers)
+  side.wait_stream(t.cuda.current_stream())
+  with t.cuda.stream(side):
+    for _ in range(2):
+      f(x)
+  t.cuda.current_stream().wait_stream(side)
+  graph = t.cuda.CUDAGraph()
+  with t.cuda.graph(graph):
+    f(x)
+  samples = []
+  for _ in range(rounds):
+    samples.append(tp.time(graph.replay, [()], repeats, target_s)["median_us"])
+  del graph, ws
+  tp.free()
+  return float(np.median(samples)) / CHAIN, err
+
+
+def torch_4bit_note():
+  """Which 4-bit torch kernels are importable here (None: at least one is)."""
+  missing = []
+  for mod in TORCH_4BIT:
+    try:
+      __import__(mod)
+    except Exception:  # noqa: BLE001 -- any failure to import means "not available here"
+      missing.append(mod)
+  return None if len(missing) < len(TORCH_4BIT) else f"no 4-bit torch kernel importable ({', '.join(missing)})"
+
+
+def measure(nk, ms, formats, log, repeats=5, rounds=2, wo_kernel=False, torch_peer=None):
   rows, failures = [], []
   warm_gpu(1.0)
   key = jax.random.PRNGKey(0)
@@ -183,7 +272,17 @@ def measure(nk, ms, formats, log, repeats=5, rounds=2, wo_kernel=False):
                           [()], repeats, 0.02, rounds)
       row = dict(m=m, n=n, k=k, chain=CHAIN, distinct_weights=d,
                  us={nm: st["median_us"] / CHAIN for nm, st in stats.items()}, rel_err=errs,
-                 floor_us={nm: floor_us(nm, m, n, k) for nm in steps})
+                 floor_us={nm: floor_us(nm, m, n, k) for nm in (*steps, TORCH_FP8)})
+      if torch_peer is not None and torch_peer.ok:
+        try:
+          us, err = torch_fp8_cell(torch_peer, m, n, k, d, repeats, rounds, 0.02)
+          errs[TORCH_FP8] = err
+          if err <= TOL:
+            row["us"][TORCH_FP8] = us
+          else:
+            failures.append(f"{TORCH_FP8} {m}x{n}x{k}: rel. error {err:.3g} > {TOL}")
+        except Exception as e:  # noqa: BLE001 -- a failing peer is noted, not fatal
+          log(f"  {TORCH_FP8} at {m}x{n}x{k}: skipped ({type(e).__name__}: {str(e).splitlines()[0][:120]})")
       rows.append(row)
       log(f"{m:4d} x {n} x {k}: " + ", ".join(f"{nm} {v:.1f}" for nm, v in row["us"].items()))
     del ws
@@ -211,7 +310,8 @@ def misses(row, name):
 
 def markdown(meta, rows):
   extra = sorted({nm for r in rows for nm in r["us"] if "/" in nm})
-  names = [nm for nm in (*OURS, *extra, "bf16", "jnn_mxfp8") if any(nm in r["us"] for r in rows)]
+  names = [nm for nm in (*OURS, *extra, "bf16", "jnn_mxfp8", TORCH_FP8)
+           if any(nm in r["us"] for r in rows)]
   out = ["# Batched-decode sweep: every weight format against XLA's FP8 dot", "",
          f"- date: {meta['date']}", f"- device: {meta['device']}",
          f"- jax {meta['jax']}, jax-gmma {meta['jax_gmma']}; XLA_FLAGS='{meta['xla_flags']}'",
@@ -272,6 +372,7 @@ def main(argv=None):
   p.add_argument("--rounds", type=int, default=2)
   p.add_argument("--wo-kernel", action="store_true",
                  help="also time the weight-only kernel path at every M (rows wo:FMT/kernel)")
+  p.add_argument("--no-torch", action="store_true", help="skip the torch peers")
   a = p.parse_args(argv)
   if a.report:
     return rerender(a.report, NAME, markdown, plot)
@@ -281,9 +382,12 @@ def main(argv=None):
   if bad:
     p.error(f"--formats: unknown {bad}; choose from {OURS}")
   meta = sweep_meta(tol=TOL)
+  tp = TorchPeer(not a.no_torch)
+  meta["torch"] = tp.version if tp.ok else tp.note
+  meta["torch_4bit"] = torch_4bit_note() if tp.ok else tp.note
   t0 = time.time()
   rows, failures = measure(nk, ms, formats, lambda s: print(s, flush=True), a.repeats, a.rounds,
-                           a.wo_kernel)
+                           a.wo_kernel, tp)
   meta["failures"] = failures
   write_sweep(a.out, NAME, meta, rows, markdown, plot)
   print(f"wrote {a.out}/{NAME}.{{json,md,png}} in {time.time() - t0:.0f} s")

@@ -49,6 +49,9 @@ def test_tiny_sweep_writes_checked_results(tmp_path):
     assert {"fp8_channel", "wo:nvfp4", "xla_fp8", "bf16"} <= set(r["us"])
   md = (out / "decode_sweep.md").read_text()
   assert "| 128 x 256 | 20 |" in md and "Ceilings" in md
+  # No CUDA torch here: the torch peers are skipped with a note saying why, never an error.
+  assert data["meta"]["torch"].startswith("skipped") and data["meta"]["torch_4bit"]
+  assert decode_sweep.TORCH_FP8 not in data["rows"][0]["us"]
   assert set(data["rows"][0]["floor_us"]) >= {"fp8_channel", "wo:nvfp4", "xla_fp8"}
   assert decode_sweep.main(["--report", str(out)]) == 0
 
@@ -56,3 +59,11 @@ def test_tiny_sweep_writes_checked_results(tmp_path):
 def test_unknown_format_is_refused():
   with pytest.raises(SystemExit):
     decode_sweep.main(["--formats", "fp8_channel,int4"])
+
+
+def test_torch_peer_column():
+  row = dict(m=16, n=8192, k=8192, us={"xla_fp8": 30.0, "fp8_channel": 28.0, "torch_fp8": 31.0},
+             floor_us={"xla_fp8": 14.0, "fp8_channel": 14.0, "torch_fp8": 14.0})
+  md = decode_sweep.markdown(dict(date="d", device="gpu", jax="j", jax_gmma="g", xla_flags=""), [row])
+  assert "torch_fp8" in md and "0.97x" in md  # 30 / 31: XLA's FP8 dot over the peer's time
+  assert decode_sweep.misses(row, "torch_fp8") is None  # a peer has no goal
