@@ -356,6 +356,21 @@ class TorchPeer:
     finally:
       t.backends.cuda.matmul.allow_tf32 = prev
 
+  def capture(self, fn, *args):
+    """fn(*args) captured in one CUDA graph after two warm-up calls on a side stream (XLA's
+    command buffers do the same for a jitted chain): (graph, the captured call's output)."""
+    t = self.torch
+    side = t.cuda.Stream()
+    side.wait_stream(t.cuda.current_stream())
+    with t.cuda.stream(side):
+      for _ in range(2):
+        fn(*args)
+    t.cuda.current_stream().wait_stream(side)
+    graph = t.cuda.CUDAGraph()
+    with t.cuda.graph(graph):
+      out = fn(*args)
+    return graph, out
+
   def time(self, fn, arg_sets, repeats, target_s):
     """Same loop as time_jax, timed with CUDA events around it."""
     t = self.torch
@@ -774,16 +789,7 @@ def _torch_decode(run: Run, suite, n, k, ms, d, record):
 
     fn = None
     try:  # capture the whole chain in one CUDA graph (XLA's command buffers do the same)
-      static_x = x.clone()
-      side = t.cuda.Stream()
-      side.wait_stream(t.cuda.current_stream())
-      with t.cuda.stream(side):
-        for _ in range(2):
-          chain(static_x)
-      t.cuda.current_stream().wait_stream(side)
-      graph = t.cuda.CUDAGraph()
-      with t.cuda.graph(graph):
-        static_out = chain(static_x)
+      graph, static_out = tp.capture(chain, x.clone())
       graph.replay()
       t.cuda.synchronize()
       fin = bool(t.isfinite(static_out.float()).all())

@@ -899,16 +899,7 @@ def torch_cell(run: Run, name, preset: Preset, cell, weights, gs_list, gs_check)
     x0 = t.randn((m, preset.hidden), device="cuda", generator=tp.gen).to(t.bfloat16)
     offs = offs_of(gs)
     try:  # one CUDA graph per input set (XLA's command buffers do the same)
-      side = t.cuda.Stream()
-      side.wait_stream(t.cuda.current_stream())
-      with t.cuda.stream(side):
-        for _ in range(2):
-          chain(x0, offs)
-      t.cuda.current_stream().wait_stream(side)
-      graph = t.cuda.CUDAGraph()
-      with t.cuda.graph(graph):
-        chain(x0, offs)
-      fns.append(graph.replay)
+      fns.append(tp.capture(chain, x0, offs)[0].replay)
     except Exception as e:  # noqa: BLE001
       note.append(f"eager (graph capture failed: {type(e).__name__}: {str(e)[:120]})")
       fns.append(functools.partial(chain, x0, offs))

@@ -199,16 +199,7 @@ def torch_fp8_cell(tp, m, n, k, d, repeats, rounds, target_s):
   ref = (x8.double() * sx.double()) @ (ws[0][0].double() * ws[0][1].double().reshape(n, 1)).t()
   out = step(x, ws[0]).double()
   err = float(t.linalg.norm(out - ref) / t.linalg.norm(ref))
-  f = torch_chain(t, step, k, ws)
-  side = t.cuda.Stream()  # warm up on a side stream, then capture (as XLA's command buffers)
-  side.wait_stream(t.cuda.current_stream())
-  with t.cuda.stream(side):
-    for _ in range(2):
-      f(x)
-  t.cuda.current_stream().wait_stream(side)
-  graph = t.cuda.CUDAGraph()
-  with t.cuda.graph(graph):
-    f(x)
+  graph, _ = tp.capture(torch_chain(t, step, k, ws), x)
   samples = []
   for _ in range(rounds):
     samples.append(tp.time(graph.replay, [()], repeats, target_s)["median_us"])
