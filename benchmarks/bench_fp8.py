@@ -308,6 +308,13 @@ def time_rounds(fns, arg_sets, repeats, target_s, rounds, on_error=None):
 
 # -- torch peer -----------------------------------------------------------------------------
 
+def torch_rows_e4m3(t, a):
+  """Per-row (last axis) e4m3 quantization in torch, as a torch user writes it: (a_e4m3,
+  scale (...,) float32)."""
+  s = a.float().abs().amax(-1).clamp_min(float(np.finfo(np.float32).tiny)) / F8_MAX
+  return (a.float() / s.unsqueeze(-1)).to(t.float8_e4m3fn), s
+
+
 class TorchPeer:
   """torch._scaled_mm on the same GPU, or a note saying why not."""
 

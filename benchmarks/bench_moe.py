@@ -124,7 +124,7 @@ if _EXAMPLES not in sys.path:  # examples/moe.py: the router, the expert MLP, ex
 # (from this checkout when it is not installed).
 from bench_fp8 import (F8, BF16, F32, F8_MAX, TN, ROTATE_BYTES, RunBase, TorchPeer, compile_jax,  # noqa: E402
                        exit_code, list_arg, md_tail, render_only, report_parser, save_plot, time_jax,
-                       write_report)
+                       torch_rows_e4m3, write_report)
 
 import dataclasses  # noqa: E402
 import datetime  # noqa: E402
@@ -810,11 +810,6 @@ def guard_torch(run: Run, name, preset, cells, d, inputs, ghost, checks):
   tp.free()
 
 
-def _t_rows(t, a):
-  s = a.float().abs().amax(-1).clamp_min(F32_TINY) / F8_MAX
-  return (a.float() / s.unsqueeze(-1)).to(t.float8_e4m3fn), s
-
-
 def torch_weights(tp, name, preset, d):
   t = tp.torch
   out = []
@@ -823,7 +818,7 @@ def torch_weights(tp, name, preset, d):
     for _, n, k in preset.shapes():
       w = t.randn((preset.experts, n, k), device="cuda", generator=tp.gen) / math.sqrt(k)
       w = w.to(t.bfloat16)
-      pair.append(w if name == TORCH_BF16 else _t_rows(t, w))
+      pair.append(w if name == TORCH_BF16 else torch_rows_e4m3(t, w))
       del w
     out.append(tuple(pair))
   return out
@@ -834,7 +829,7 @@ def _torch_gemm(t, name):
     return lambda x, w, offs: t._grouped_mm(x, w.transpose(-2, -1), offs=offs, out_dtype=t.bfloat16)
 
   def gemm(x, w, offs):
-    x8, sx = _t_rows(t, x)
+    x8, sx = torch_rows_e4m3(t, x)
     return t._scaled_grouped_mm(x8, w[0].transpose(-2, -1), sx, w[1], offs=offs, out_dtype=t.bfloat16)
   return gemm
 
@@ -843,7 +838,7 @@ def _t_dequant_rows(t, name, a):
   """float64 values of a bf16 operand as the impl multiplies it (FP8: per-row e4m3 x scale)."""
   if name == TORCH_BF16:
     return a.double()
-  q, s = _t_rows(t, a)
+  q, s = torch_rows_e4m3(t, a)
   return q.double() * s.double().unsqueeze(-1)
 
 

@@ -59,7 +59,7 @@ if _HERE not in sys.path:  # `python -P` does not put the script's directory on 
 
 import jax_gmma  # noqa: E402
 from jax_gmma.ops import weightonly  # noqa: E402
-from bench_fp8 import TorchPeer, exit_code, time_rounds, warm_gpu  # noqa: E402
+from bench_fp8 import TorchPeer, exit_code, time_rounds, torch_rows_e4m3, warm_gpu  # noqa: E402
 from bench_blockwise import q_mx  # noqa: E402
 from blockwise_decode_sweep import (CHAIN, NT, chain_of, grid, rerender, save_figure, shape_axes,  # noqa: E402
                                     sweep_meta, sweep_parser, write_sweep, xla_fp8)
@@ -151,12 +151,6 @@ def _wo_kernel_step(x, w):
 
 # -- torch peer ---------------------------------------------------------------------------------
 
-def _t_rows(t, a):
-  """Per-row e4m3 quantization in torch: (a_e4m3, scale (rows, 1) float32)."""
-  s = a.float().abs().amax(-1, keepdim=True).clamp_min(float(np.finfo(np.float32).tiny)) / 448.0
-  return (a.float() / s).to(t.float8_e4m3fn), s
-
-
 def torch_fp8_step(t):
   """One decode GEMM as a torch user writes it: x (M, K) bf16 quantized per token, rows padded
   to a multiple of 16, torch._scaled_mm against (w_e4m3 (N, K), scale (1, N)), bf16 out."""
@@ -165,8 +159,8 @@ def torch_fp8_step(t):
     m = x.shape[0]
     pad = -m % 16
     xp = t.nn.functional.pad(x, (0, 0, 0, pad)) if pad else x
-    x8, sx = _t_rows(t, xp)
-    y = t._scaled_mm(x8, w8.t(), scale_a=sx, scale_b=sw, out_dtype=t.bfloat16)
+    x8, sx = torch_rows_e4m3(t, xp)
+    y = t._scaled_mm(x8, w8.t(), scale_a=sx.unsqueeze(1), scale_b=sw, out_dtype=t.bfloat16)
     y = y[0] if isinstance(y, tuple) else y
     return y[:m]
   return step
@@ -191,12 +185,12 @@ def torch_fp8_cell(tp, m, n, k, d, repeats, rounds, target_s):
   ws = []
   for _ in range(d):
     w = (t.randn((n, k), device="cuda", generator=tp.gen) / math.sqrt(k)).to(t.bfloat16)
-    w8, sw = _t_rows(t, w)
+    w8, sw = torch_rows_e4m3(t, w)
     ws.append((w8, sw.reshape(1, n)))
   step = torch_fp8_step(t)
   x = t.randn((m, k), device="cuda", generator=tp.gen).to(t.bfloat16)
-  x8, sx = _t_rows(t, x)
-  ref = (x8.double() * sx.double()) @ (ws[0][0].double() * ws[0][1].double().reshape(n, 1)).t()
+  x8, sx = torch_rows_e4m3(t, x)
+  ref = (x8.double() * sx.double().unsqueeze(1)) @ (ws[0][0].double() * ws[0][1].double().reshape(n, 1)).t()
   out = step(x, ws[0]).double()
   err = float(t.linalg.norm(out - ref) / t.linalg.norm(ref))
   graph, _ = tp.capture(torch_chain(t, step, k, ws), x)
