@@ -164,10 +164,9 @@ def stream_config(problem: GroupedProblem, sm_count: int) -> str:
   ptxas gives the 16-token kernel 166 registers against 194, so three CTAs per SM against two),
   and the 8-warp kernels (one CTA per SM) took 1.25-1.75x. At one row per expert the 8- and
   16-token kernels are within 8% of each other, either way."""
-  slots = min(problem.g, problem.m)
   if 2 * problem.m >= problem.g:
     return "stream_16x16_kw4"
-  ctas = -(-problem.n // 16) * slots
+  ctas = -(-problem.n // 16) * min(problem.g, problem.m)
   kw = 8 if ctas <= 2 * sm_count else 4
   return f"stream_16x8_kw{kw}"
 
