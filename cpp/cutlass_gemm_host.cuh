@@ -121,8 +121,8 @@ inline bool same_scheduler_args(const GemmArgs& x, const GemmArgs& y) {
 }
 
 // -- Grouped (ptr-array) GEMMs whose per-expert shapes and operands a setup kernel writes into
-// the workspace on the device (the mixture-of-experts families: sm90 grouped blockwise, sm100
-// grouped block-scaled). --
+// the workspace on the device (the mixture-of-experts families: sm90 grouped blockwise and
+// bfloat16, sm100 grouped block-scaled). --
 
 // Alignment of the workspace's regions (TMA descriptors need 64 bytes).
 constexpr size_t kGroupedAlign = 128;
@@ -164,7 +164,9 @@ inline const char* check_grouped_args(const GemmArgs& g, int align_d) {
 // workspace's per-expert arrays `w` (shapes, A / B / scale pointers, strides and scale layouts,
 // D and its strides; no C operand), and the persistent scheduler over `sms` SMs. The problem
 // shapes are device-only (no host copy: grid = sms CTAs). Each family adds its epilogue fusion.
-template <class Arguments, class Arrays>
+// kScales: the mainloop takes per-expert scale pointers and layouts (w.sfa / w.sfb and
+// w.layout_sfa / w.layout_sfb); false for unscaled operands.
+template <bool kScales = true, class Arguments, class Arrays>
 void set_grouped_arguments(Arguments& args, const GemmArgs& g, const Arrays& w, int sms) {
   args.mode = cutlass::gemm::GemmUniversalMode::kGrouped;
   args.problem_shape = decltype(args.problem_shape){static_cast<int32_t>(g.groups), w.shapes, nullptr};
@@ -172,10 +174,12 @@ void set_grouped_arguments(Arguments& args, const GemmArgs& g, const Arrays& w, 
   args.mainloop.dA = w.stride_a;
   args.mainloop.ptr_B = w.b;
   args.mainloop.dB = w.stride_b;
-  args.mainloop.ptr_SFA = w.sfa;
-  args.mainloop.layout_SFA = w.layout_sfa;
-  args.mainloop.ptr_SFB = w.sfb;
-  args.mainloop.layout_SFB = w.layout_sfb;
+  if constexpr (kScales) {
+    args.mainloop.ptr_SFA = w.sfa;
+    args.mainloop.layout_SFA = w.layout_sfa;
+    args.mainloop.ptr_SFB = w.sfb;
+    args.mainloop.layout_SFB = w.layout_sfb;
+  }
   args.epilogue.ptr_C = nullptr;
   args.epilogue.dC = w.stride_d;
   args.epilogue.ptr_D = w.d;

@@ -373,36 +373,26 @@ __global__ void __launch_bounds__(kSetupThreads) grouped_setup_kernel(const type
     return;
   }
 
-  // CTA 0: expert e's rows in this shard, [lo, hi) in A's numbering, and its arrays.
+  // CTA 0: expert e's rows in this shard, [lo, lo + me) in A's numbering, and its arrays.
   const typename Gemm::Arrays& w = s.w;
-  int64_t base = 0;  // rows of the experts before this chunk
-  for (int64_t c = 0; c < s.groups; c += kSetupThreads) {
-    const int64_t e = c + threadIdx.x;
-    const int64_t size = e < s.groups ? static_cast<int64_t>(__ldg(s.sizes + e)) : 0;
-    int64_t chunk;
-    const int64_t end = base + group_setup::block_inclusive_scan<kSetupThreads>(size, &chunk);
-    const int64_t begin = end - size;
-    base += chunk;
-    if (e >= s.groups) continue;
-    const int64_t lo = min(max(begin - r0, int64_t{0}), s.m);
-    const int64_t hi = min(max(end - r0, int64_t{0}), s.m);
-    const int64_t me = negative ? 0 : max(hi - lo, int64_t{0});  // 0: no tiles
-    w.shapes[e] = make_shape(static_cast<int>(me), static_cast<int>(s.n), static_cast<int>(s.k));
-    w.a[e] = s.a + lo * s.k;
-    w.b[e] = s.b + e * s.n * s.k;
-    w.sfa[e] = s.sa + lo;                    // 1x128 scales of row lo: column offset, same ld
-    w.sfb[e] = s.sb + e * s.kb * s.ld_b;     // expert e's (kb, ld_b) matrix
-    w.d[e] = s.d + lo * s.n;
-    w.bias[e] = s.bias ? s.bias + e * s.n : nullptr;
-    const auto shape_a = make_shape(static_cast<int>(me), static_cast<int>(s.k), 1);
-    const auto shape_b = make_shape(static_cast<int>(s.n), static_cast<int>(s.k), 1);
-    const auto shape_d = make_shape(static_cast<int>(me), static_cast<int>(s.n), 1);
-    w.stride_a[e] = cutlass::make_cute_packed_stride(typename Gemm::StrideA{}, shape_a);
-    w.stride_b[e] = cutlass::make_cute_packed_stride(typename Gemm::StrideB{}, shape_b);
-    w.stride_d[e] = cutlass::make_cute_packed_stride(typename Gemm::StrideD{}, shape_d);
-    w.layout_sfa[e] = scale_layout<typename Gemm::ExpertLayoutSFA, 1>(me, s.kb, s.ld_a);
-    w.layout_sfb[e] = scale_layout<typename Gemm::ExpertLayoutSFB, Gemm::kGranB>(s.rows_b, s.kb, s.ld_b);
-  }
+  group_setup::for_each_expert<kSetupThreads>(
+      s.sizes, s.groups, r0, s.m, negative, [&](int64_t e, int64_t lo, int64_t me) {
+        w.shapes[e] = make_shape(static_cast<int>(me), static_cast<int>(s.n), static_cast<int>(s.k));
+        w.a[e] = s.a + lo * s.k;
+        w.b[e] = s.b + e * s.n * s.k;
+        w.sfa[e] = s.sa + lo;                 // 1x128 scales of row lo: column offset, same ld
+        w.sfb[e] = s.sb + e * s.kb * s.ld_b;  // expert e's (kb, ld_b) matrix
+        w.d[e] = s.d + lo * s.n;
+        w.bias[e] = s.bias ? s.bias + e * s.n : nullptr;
+        const auto shape_a = make_shape(static_cast<int>(me), static_cast<int>(s.k), 1);
+        const auto shape_b = make_shape(static_cast<int>(s.n), static_cast<int>(s.k), 1);
+        const auto shape_d = make_shape(static_cast<int>(me), static_cast<int>(s.n), 1);
+        w.stride_a[e] = cutlass::make_cute_packed_stride(typename Gemm::StrideA{}, shape_a);
+        w.stride_b[e] = cutlass::make_cute_packed_stride(typename Gemm::StrideB{}, shape_b);
+        w.stride_d[e] = cutlass::make_cute_packed_stride(typename Gemm::StrideD{}, shape_d);
+        w.layout_sfa[e] = scale_layout<typename Gemm::ExpertLayoutSFA, 1>(me, s.kb, s.ld_a);
+        w.layout_sfb[e] = scale_layout<typename Gemm::ExpertLayoutSFB, Gemm::kGranB>(s.rows_b, s.kb, s.ld_b);
+      });
 }
 
 }  // namespace

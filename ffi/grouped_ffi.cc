@@ -1,7 +1,8 @@
 // XLA FFI handlers of the grouped (mixture-of-experts) GEMM families: jax_gmma.ragged_dot's
 // kernels. Target "jax_gmma_fp8_grouped_gemm" (typed FFI, CUDA platform): the FP8 weight-streaming
 // kernels of cpp/sm90_fp8_gemm_grouped_stream.cu and the CUTLASS prefill kernels of
-// cpp/sm90_fp8_gemm_grouped_blockwise.cu ("grouped_*" configs, Hopper). Target
+// cpp/sm90_fp8_gemm_grouped_blockwise.cu and cpp/sm90_bf16_gemm_grouped.cu ("grouped_*"
+// configs, Hopper). Target
 // "jax_gmma_mx_grouped_gemm": the Blackwell block-scaled MXFP8 / NVFP4 / MXFP4 kernels of
 // cpp/sm100_mx_gemm_grouped_blockscaled.cu ("sm100_grouped_*" configs; not run on hardware by
 // this project). Graph safety: the execute path of the other GEMM handlers (ffi_common::launch;
@@ -14,7 +15,7 @@ namespace {
 
 using namespace ffi_common;
 
-enum class Scales { kBlock1d2d, kBlock1d1d, kMx, kRow, kUnknown };
+enum class Scales { kBlock1d2d, kBlock1d1d, kMx, kRow, kNone, kUnknown };
 
 Scales scales_of(std::string_view config) {
   auto starts = [&](std::string_view p) { return config.substr(0, p.size()) == p; };
@@ -22,16 +23,19 @@ Scales scales_of(std::string_view config) {
   if (starts("grouped_blockwise_1d1d_")) return Scales::kBlock1d1d;
   if (starts("grouped_mxf8_")) return Scales::kMx;
   if (starts("grouped_fp8_")) return Scales::kRow;
+  if (starts("grouped_bf16_")) return Scales::kNone;
   return Scales::kUnknown;
 }
 
-// Operands: a (M, K) float8_e4m3fn tokens sorted by expert; b (G, N, K) float8_e4m3fn experts;
+// Operands: a (M, K) float8_e4m3fn tokens sorted by expert; b (G, N, K) float8_e4m3fn experts
+// (bfloat16 both for grouped_bf16);
 // the scales of the config's kind, per expert back to back --
 //   grouped_blockwise_1d2d / _1d1d: a_scales f32 (kb, round_up(M, 4)), b_scales f32
 //     (G, kb, round_up(rows, 4)), kb = ceil(K/128), rows = ceil(N/128) / N (gemm_api.h's layout);
 //   grouped_mxf8: a_scales, b_scales uint8 E8M0 in the swizzled 128x4-atom layout,
 //     mx_sf_bytes(M, K, 32) and G * mx_sf_bytes(N, K, 32) bytes;
 //   grouped_fp8: a_scales f32 (M,) or (1,), b_scales f32 (G, N) or (G,);
+//   grouped_bf16: a and b bfloat16, no scales (a_scales, b_scales are not read);
 // bias (G, N) in the output dtype (read only when has_bias); group_sizes (G,) int32; row_ids
 // (M,) int32 (row_ids[0]: the global index of row 0). Results: d (M, N) bfloat16 or float32,
 // and the workspace u8 (the per-expert arguments of the prefill kernels, written on the device
@@ -89,6 +93,8 @@ ffi::Error Fp8GroupedGemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuf
       g.b_scale = static_cast<const float*>(b_scales.untyped_data());
       g.a_scale_per_row = as == m && m != 1;
       g.b_scale_per_col = bs == groups * n && n != 1;
+      break;
+    case Scales::kNone:
       break;
     case Scales::kUnknown:
       return bad("config must be a grouped_* kernel");

@@ -55,6 +55,28 @@ __device__ inline int64_t block_inclusive_scan(int64_t v, int64_t* all) {
   return v + before;
 }
 
+// Calls f(e, lo, me) once for every expert e (thread e % kThreads of the CTA, chunk by chunk;
+// every thread of the CTA must call it): expert e's rows in this shard are [lo, lo + me) in A's
+// numbering (A's row 0 is global row r0, A has m rows), me = 0 for an empty expert, one outside
+// the shard, or every expert when a size is negative (no tiles).
+template <int kThreads, class F>
+__device__ inline void for_each_expert(const int32_t* sizes, int64_t groups, int64_t r0, int64_t m,
+                                       bool negative, F&& f) {
+  int64_t base = 0;  // rows of the experts before this chunk
+  for (int64_t c = 0; c < groups; c += kThreads) {
+    const int64_t e = c + threadIdx.x;
+    const int64_t size = e < groups ? static_cast<int64_t>(__ldg(sizes + e)) : 0;
+    int64_t chunk;
+    const int64_t end = base + block_inclusive_scan<kThreads>(size, &chunk);
+    const int64_t begin = end - size;
+    base += chunk;
+    if (e >= groups) continue;
+    const int64_t lo = min(max(begin - r0, int64_t{0}), m);
+    const int64_t hi = min(max(end - r0, int64_t{0}), m);
+    f(e, lo, negative ? int64_t{0} : max(hi - lo, int64_t{0}));
+  }
+}
+
 // The work of CTAs 1 .. gridDim.x - 1 (CTA 0 writes the per-expert arrays): rows [from, M) of D
 // (M, N) row-major, from = the groups' total in this shard's numbering (A's row 0 is global row
 // r0), set to zero -- jax.lax.ragged_dot's rows that no expert holds -- or every row set to a
