@@ -79,8 +79,11 @@ def grouped_path(devs) -> str:
           f"(XLA FFI {target}, configs {', '.join(grouped_configs.CONFIGS)}), "
           f"{' / '.join(grouped_configs.PREFILL_KIND)} ones from {grouped_configs.PREFILL_MIN_ROWS} rows per "
           f"expert on CUTLASS's grouped GEMM "
-          f"({', '.join(grouped_configs.PREFILL_CONFIGS)}); "
-          f"{' / '.join(grouped_configs.WEIGHTONLY_FORMATS)} experts weight streaming (XLA FFI {wo})")
+          f"({', '.join(grouped_configs.PREFILL_CONFIGS)}; mxfp8 as exact bf16 operands: "
+          f"{', '.join(grouped_configs.BF16_PREFILL_CONFIGS)}); "
+          f"{' / '.join(grouped_configs.WEIGHTONLY_FORMATS)} experts weight streaming (XLA FFI {wo}), "
+          f"{' / '.join(grouped_configs.WEIGHTONLY_BF16_FORMATS)} ones with a float x from "
+          f"{grouped_configs.WEIGHTONLY_BF16_MIN_ROWS} rows per expert as exact bf16 operands")
 
 
 def _registrations() -> dict:

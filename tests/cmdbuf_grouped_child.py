@@ -1,9 +1,10 @@
 """Child process for test_gpu_grouped.test_command_buffers: a jitted chain of 16 dependent
 mixture-of-experts decode layers (routing computed on the device, group sizes never on the host,
 jax_gmma.ragged_dot on block-scaled, MXFP8, per-channel FP8 and MXFP4 experts) and one of 8
-prefill layers (64 rows per expert on average: the CUTLASS grouped kernels with their
-XLA-owned workspace, block-scaled and per-channel experts), and prints a JSON line: the result
-hashes and how many handler executions were under stream capture."""
+prefill layers at 64 rows per expert on average and one at 256 (the CUTLASS grouped kernels
+with their XLA-owned workspace: block-scaled and per-channel FP8 experts, MXFP8 and, at 256
+rows, MXFP4 experts on the exact bfloat16 route), and prints a JSON line: the result hashes
+and how many handler executions were under stream capture."""
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +15,7 @@ from _cmdbuf import report  # tests/ helper: the JSON line the parent reads
 
 G, TOP, D, M = 16, 2, 512, 8
 M_PREFILL = 512  # tokens: 1024 rows over 16 experts
+M_WIDE = 2048  # tokens: 4096 rows over 16 experts
 
 
 def main():
@@ -47,14 +49,16 @@ def main():
   @jax.jit
   def prefill(x):
     for i in range(8):
-      x = layer(x, experts[(i % 2) * 2])  # fp8_128x128, fp8_channel
+      x = layer(x, experts[i % 3])  # fp8_128x128, mxfp8, fp8_channel
     return x
 
   xp = jax.random.normal(jax.random.fold_in(kx, 1), (M_PREFILL, D), jnp.bfloat16)
+  xw = jax.random.normal(jax.random.fold_in(kx, 2), (M_WIDE, D), jnp.bfloat16)
   outs = {}
   for _ in range(3):  # first run may trace/instantiate; later runs replay
     outs["chain"] = np.asarray(chain(x0))
     outs["prefill"] = np.asarray(prefill(xp))
+    outs["prefill_wide"] = np.asarray(chain(xw))
   for v in outs.values():
     assert np.isfinite(v.astype(np.float32)).all()
     assert np.abs(v.astype(np.float32)).max() > 0  # never all-zeros

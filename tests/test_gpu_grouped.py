@@ -1,6 +1,6 @@
 """GPU tests of the grouped (mixture-of-experts) kernels behind jax_gmma.ragged_dot: FP8 experts
 (cpp/sm90_fp8_gemm_grouped_stream.cu, and the CUTLASS prefill kernels of
-cpp/sm90_fp8_gemm_grouped_blockwise.cu) and FP4 / FP6 experts (the grouped weight-only kernel of
+cpp/sm90_fp8_gemm_grouped_blockwise.cu and, for MXFP8, cpp/sm90_bf16_gemm_grouped.cu) and FP4 / FP6 experts (the grouped weight-only kernel of
 cpp/sm90_fp4_gemm_weightonly.cu / cpp/sm90_fp6_gemm_weightonly.cu); skipped without a Hopper GPU
 and built kernels.
 
@@ -64,7 +64,7 @@ def _ref64(xq, wq, sizes, bias):
 
 
 def run_case(fmt, m, n, k, sizes, *, out_dtype=jnp.bfloat16, bias=False, config=None,
-             x_format=None, monkeypatch=None, tol=None):
+             x_format=None, monkeypatch=None, tol=None, kernel=None):
   rng = _rng()
   g = len(sizes)
   w = (rng.standard_normal((g, n, k)) * rng.uniform(0.5, 4, (g, 1, 1))).astype(np.float32)
@@ -77,7 +77,8 @@ def run_case(fmt, m, n, k, sizes, *, out_dtype=jnp.bfloat16, bias=False, config=
   f = jax.jit(lambda xq, wq, s, b: jax_gmma.ragged_dot(xq, wq, s, bias=b, out_dtype=out_dtype))
   s = jnp.asarray(sizes, jnp.int32)
   target = "jax_gmma_weightonly_grouped_gemm" if fmt in PACKED else "jax_gmma_fp8_grouped_gemm"
-  assert target in f.lower(xq, wq, s, b).as_text()
+  text = f.lower(xq, wq, s, b).as_text()
+  assert (kernel or target) in text
   y = np.asarray(f(xq, wq, s, b).astype(jnp.float32), np.float64)
   if b is not None:  # the bias is rounded to the output dtype first
     b = np.asarray(jnp.asarray(b).astype(out_dtype).astype(jnp.float32), np.float64)
@@ -129,6 +130,27 @@ def test_prefill_partial_last_k_block(config, monkeypatch):
   run_case("fp8_channel", 700, 200, 416, (301, 0, 250, 99), config=config, monkeypatch=monkeypatch)
 
 
+@pytest.mark.parametrize("config", sorted(gc.BF16_PREFILL_CONFIGS))
+@pytest.mark.parametrize("bias", (False, True))
+def test_mxfp8_prefill_configs(config, bias, monkeypatch):
+  """MXFP8 experts at prefill: exact bfloat16 operands through the grouped bf16 kernel
+  (cpp/sm90_bf16_gemm_grouped.cu); K off the 64-K tile and stored padded to 32."""
+  for k in (512, 400):
+    run_case("mxfp8", 700, 200, k, (301, 0, 250, 99), config=config, bias=bias, monkeypatch=monkeypatch)
+    run_case("mxfp8", 700, 200, k, (301, 0, 250, 99), config=config, bias=bias, out_dtype=jnp.float32,
+             monkeypatch=monkeypatch)
+
+
+def test_mxfp8_prefill_picked_and_negative_size():
+  rng = _rng()
+  wq = jax_gmma.quantize(jnp.asarray(rng.standard_normal((4, 256, 512)), jnp.float32), "mxfp8")
+  x = jnp.asarray(rng.standard_normal((2048, 512)), jnp.bfloat16)
+  f = jax.jit(lambda x, s: jax_gmma.ragged_dot(x, wq, s))
+  s = jnp.asarray([512] * 4, jnp.int32)
+  assert "grouped_bf16_128x256x64_coop" in f.lower(x, s).as_text()
+  assert np.isnan(np.asarray(f(x, jnp.asarray([600, -100, 512, 512], jnp.int32)), np.float32)).all()
+
+
 @pytest.mark.parametrize("fmt,kind", (("fp8_128x128", "1d2d"), ("fp8_channel", "1d1d")))
 def test_prefill_picked_for_many_tokens(fmt, kind):
   rng = _rng()
@@ -159,6 +181,18 @@ def test_packed_experts_tensor_core(fmt, m, sizes):
   # tile): experts over several token tiles next to experts of a few rows, an empty expert, K off
   # the 64-K tile, rows past the total
   run_case(fmt, m, 256, 400, sizes, bias=True)
+
+
+@pytest.mark.parametrize("fmt", ("mxfp4", "mxfp6_e2m3", "mxfp6_e3m2"))
+@pytest.mark.parametrize("out_dtype", (jnp.bfloat16, jnp.float32))
+def test_packed_experts_bf16_prefill(fmt, out_dtype):
+  # MX experts averaging 256 rows or more: exact bfloat16 operands through the grouped bf16
+  # kernel; K off the 64-K tile (padded), an empty expert, rows past the total
+  run_case(fmt, 1100, 256, 400, (400, 0, 350, 300), out_dtype=out_dtype, bias=True,
+           kernel="grouped_bf16_128x256x64_coop")
+  # NVFP4 (a float32 global scale) keeps the weight-only kernel
+  if fmt == "mxfp4":
+    run_case("nvfp4", 1100, 256, 400, (400, 0, 350, 300), out_dtype=out_dtype)
 
 
 @pytest.mark.parametrize("x_format", ("fp8_channel", "fp8_tensor"))
@@ -228,4 +262,5 @@ def test_deterministic():
 
 
 def test_command_buffers():
-  check_bit_identical_and_captured("cmdbuf_grouped_child.py", names=("chain", "prefill"), min_calls=24)
+  check_bit_identical_and_captured("cmdbuf_grouped_child.py", names=("chain", "prefill", "prefill_wide"),
+                                   min_calls=40)

@@ -58,6 +58,8 @@ def _model(kind, a, b, sa, sb, sizes, row0=0, bias=None):
     xs = np.repeat(sa[:, :m].T, 128, axis=1)[:, :kp]
     ws = [np.repeat(np.repeat(sb[e][:, :rows_b].T, row_block, axis=0)[:n], 128, axis=1)[:, :kp]
           for e in range(g)]
+  elif kind == "bf16":  # no scales: the operands are the exact bfloat16 products
+    xs, ws = np.ones((m, 1)), [np.ones((n, 1))] * g
   elif kind == "mxf8":
     assert sa.dtype == np.uint8 and sb.dtype == np.uint8
     per = sb.size // g
@@ -96,6 +98,30 @@ def test_kernel_operands_follow_the_contract(fmt):
   assert not got[sizes.sum():].any()
 
 
+def test_mxfp8_prefill_operands_are_exact_bf16():
+  """MXFP8 experts at prefill: x and the experts dequantized to bfloat16 exactly (each element
+  equals its float32 dequantization), K padded with zeros to the stored length (a K that is
+  not a multiple of 32 included), and the bf16 kernel's contract gives the reference's result."""
+  for k in (256, 100):
+    rng = np.random.default_rng(k)
+    w = jnp.asarray(rng.standard_normal((G, N, k)) * (1 + np.arange(G)).reshape(G, 1, 1), jnp.float32)
+    wq = jax_gmma.quantize(w, "mxfp8")
+    xq = jax_gmma.quantize(jnp.asarray(rng.standard_normal((M, k)), jnp.float32), "mxfp8")
+    a, b, _, _ = grouped.kernel_operands(xq, wq, "bf16")
+    assert a.dtype == jnp.bfloat16 and b.dtype == jnp.bfloat16
+    kp = wq.data.shape[-1]
+    assert a.shape == (M, kp) and b.shape == (G, N, kp) and kp % gc.K_BLOCK == 0
+    np.testing.assert_array_equal(np.asarray(a[:, :k], np.float32), np.asarray(xq.dequantize(), np.float32))
+    np.testing.assert_array_equal(np.asarray(b[..., :k], np.float32), np.asarray(wq.dequantize(), np.float32))
+    assert not np.asarray(a[:, k:], np.float32).any() and not np.asarray(b[..., k:], np.float32).any()
+    sizes = np.array([7, 0, 11, 3])
+    got = _model("bf16", a, b, None, None, sizes)
+    ref = np.asarray(jax_gmma.ragged_dot(xq, wq, jnp.asarray(sizes, jnp.int32), out_dtype=jnp.float32),
+                     np.float64)
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-6
+    assert not got[sizes.sum():].any()
+
+
 @pytest.mark.parametrize("fmt,x_format", (("fp8_channel", "fp8_channel"), ("fp8_channel", "fp8_tensor"),
                                           ("fp8_tensor", "fp8_channel"), ("fp8_tensor", "fp8_tensor")))
 def test_per_row_experts_as_block_scales(fmt, x_format):
@@ -116,6 +142,36 @@ def test_per_row_experts_as_block_scales(fmt, x_format):
                      np.float64)
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-6
     assert not got[sizes.sum():].any()
+
+
+@pytest.mark.parametrize("fmt", ("mxfp4", "mxfp6_e2m3", "mxfp6_e3m2"))
+def test_packed_prefill_operands_are_exact_bf16(fmt):
+  """MX PackedWeight experts at prefill: the experts dequantized to bfloat16 exactly, x in
+  bfloat16, both padded with zeros to the packed K; the bf16 kernel's contract gives the
+  reference's result."""
+  k = 200  # packed K: 256
+  rng = np.random.default_rng(3)
+  w = jnp.asarray(rng.standard_normal((G, 32, k)) * (1 + np.arange(G)).reshape(G, 1, 1), jnp.float32)
+  wp = jax.vmap(lambda e: jax_gmma.weightonly.prepare(e, fmt))(w)
+  x = jnp.asarray(rng.standard_normal((M, k)), jnp.bfloat16)
+  a, b, _, _ = grouped.packed_bf16_operands(x, wp)
+  assert a.dtype == jnp.bfloat16 and b.dtype == jnp.bfloat16 and a.shape == (M, 256) and b.shape == (G, 32, 256)
+  np.testing.assert_array_equal(np.asarray(b[..., :k], np.float32), np.asarray(grouped.dequantized_w(wp)))
+  assert not np.asarray(b[..., k:], np.float32).any() and not np.asarray(a[:, k:], np.float32).any()
+  sizes = np.array([7, 0, 11, 3])
+  got = _model("bf16", a, b, None, None, sizes)
+  ref = np.asarray(jax_gmma.ragged_dot(x, wp, jnp.asarray(sizes, jnp.int32), out_dtype=jnp.float32),
+                   np.float64)
+  assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-6
+
+
+def test_packed_bf16_rule():
+  p = lambda m, fmt="mxfp4", g=8: gc.GroupedProblem(m=m, n=4096, k=2048, g=g, fmt=fmt)
+  assert gc.packed_takes_bf16(p(2048), True)                 # 256 rows per expert
+  assert not gc.packed_takes_bf16(p(2040), True)
+  assert not gc.packed_takes_bf16(p(4096, "nvfp4"), True)    # float32 global scale: not exact
+  assert not gc.packed_takes_bf16(p(4096), False)            # FP8 x: its scale stays in float32
+  assert gc.packed_takes_bf16(p(4096, "mxfp6_e3m2"), True)
 
 
 def test_rows_of_a_shard():
@@ -175,7 +231,12 @@ def test_config_rule():
   assert gc.select_config(p(4096, 4096, 8), 132) == "128x128x128_coop"    # 512 rows per expert
   assert gc.select_config(p(1024, 4096, 8), 132) == "64x128x128_pingpong"  # 128 rows per expert
   assert gc.select_config(p(1024, 4100, 8), 132).startswith("stream_")    # N % 8: no TMA rows
-  assert gc.select_config(p(4096, 4096, 8, "mxfp8"), 132) == "stream_16x16_kw4"
+  # mxfp8 experts at prefill: exact bfloat16 operands, the grouped bf16 kernel
+  assert gc.select_config(p(4096, 4096, 8, "mxfp8"), 132) == "128x256x64_coop"
+  assert gc.select_config(p(1024, 4096, 8, "mxfp8"), 132) == "64x128x64_pingpong"
+  assert gc.select_config(p(256, 4096, 8, "mxfp8"), 132) == "stream_16x16_kw4"
+  assert gc.kernel_kind("mxfp8", "128x256x64_coop") == "bf16"
+  assert gc.kernel_kind("mxfp8", "stream_16x16_kw4") == "mxf8"
   # per-row / per-tensor experts take the 1x128 prefill kernel, a partial last 128-K block
   # included (gpt-oss-20b's K = 2880)
   assert gc.select_config(p(4096, 4096, 8, "fp8_channel"), 132) == "128x128x128_coop"
@@ -189,7 +250,7 @@ def test_config_rule():
     assert gc.kernel_kind(fmt, "stream_16x8_kw4") == gc.KINDS[fmt]
   for m, n, g in ((1, 16, 1), (64, 2048, 32), (16384, 28672, 8)):
     name = gc.select_config(p(m, n, g), 132)
-    assert name in gc.CONFIGS or name in gc.PREFILL_CONFIGS
+    assert name in gc.CONFIGS or gc.is_prefill(name)
   assert gc.unsupported(gc.GroupedProblem(m=4, n=64, k=2048, g=8, fmt="nvfp4")) is None
   assert gc.unsupported(gc.GroupedProblem(m=4, n=64, k=2048, g=8, fmt="fp8_e5m2_x")).startswith(
       "no grouped kernel for fp8_e5m2_x")

@@ -39,8 +39,12 @@ then applies them per 128 of K, as it applies block scales; a partial last block
 past K).
 One rule differs from the reference: a negative group size makes the whole result NaN (the
 kernels do not sum the overlapping groups ``jax.lax.ragged_dot`` defines for it). MXFP8 experts
-stream at every M (at prefill sizes re-reading each expert's weights per 16 tokens: CUTLASS's
-Hopper blockwise mainloop promotes at most once per 128 of K, MXFP8 needs every 32). FP4 / FP6 experts (PackedWeight: nvfp4, mxfp4,
+averaging 64 rows or more take an exact bfloat16 route instead (CUTLASS's Hopper blockwise
+mainloop promotes at most once per 128 of K, MXFP8 needs every 32): x and the experts
+dequantized to bfloat16 (an e4m3 element times a power of two is exact in bfloat16 unless it
+falls below its normal range) and CUTLASS's grouped bf16 tensor-core GEMM
+(``cpp/sm90_bf16_gemm_grouped.cu``, the same setup kernel and workspace); below that they
+stream. FP4 / FP6 experts (PackedWeight: nvfp4, mxfp4,
 mxfp6_e2m3, mxfp6_e3m2) run the grouped form of the weight-only kernels (FFI call
 ``jax_gmma_weightonly_grouped_gemm``): x in bfloat16 (an FP8 QuantizedArray x widened exactly,
 its scale applied in the epilogue), the weights widened in registers, the same expert slots; the
@@ -181,21 +185,23 @@ def group_sums(g, mask):
   return lax.map(lambda mg: jnp.sum(jnp.where(mg[:, None], g, 0.0), axis=0), mask)
 
 
-def dequantized_x(x):
-  """x (a float (M, K) array or a QuantizedArray of an (M, K) operand) in float32, (M, K)."""
+def dequantized_x(x, dtype=_F32):
+  """x (a float (M, K) array or a QuantizedArray of an (M, K) operand) in ``dtype`` (float32
+  by default), (M, K)."""
   if isinstance(x, QuantizedArray):
-    return jnp.moveaxis(dequantize(x, _F32), x.axis, -1)
-  return x.astype(_F32)
+    return jnp.moveaxis(dequantize(x, dtype), x.axis, -1)
+  return x.astype(dtype)
 
 
-def dequantized_w(w):
-  """Expert weights in float32, (G, N, K): a (G, N, K) QuantizedArray, or a QuantizedArray /
-  PackedWeight of one (N, K) expert whose arrays carry a leading expert axis (stacked)."""
+def dequantized_w(w, dtype=_F32):
+  """Expert weights in ``dtype`` (float32 by default), (G, N, K): a (G, N, K) QuantizedArray,
+  or a QuantizedArray / PackedWeight of one (N, K) expert whose arrays carry a leading expert
+  axis (stacked)."""
   if isinstance(w, PackedWeight):
-    return jax.vmap(weightonly.dequantize_packed)(w)
+    return jax.vmap(functools.partial(weightonly.dequantize_packed, dtype=dtype))(w)
   if len(w.shape) == 3:
-    return jnp.moveaxis(dequantize(w, _F32), w.axis, -1)
-  return jnp.moveaxis(jax.vmap(dequantize)(w), w.axis + 1, -1)
+    return jnp.moveaxis(dequantize(w, dtype), w.axis, -1)
+  return jnp.moveaxis(jax.vmap(functools.partial(dequantize, dtype=dtype))(w), w.axis + 1, -1)
 
 
 def ragged_dot_reference(*args, x_tree, w_tree, out_dtype, has_bias, **_):
@@ -328,8 +334,12 @@ def as_block_scales(q: QuantizedArray):
 
 def kernel_operands(x: QuantizedArray, w: QuantizedArray, kind: str):
   """(a, b, a_scales, b_scales) as the grouped kernels take them (ffi/grouped_ffi.cc): x's and
-  w's elements K-major, the scales in the kind's kernel layout, w's per expert back to back."""
+  w's elements K-major, the scales in the kind's kernel layout, w's per expert back to back.
+  Kind ``bf16``: both operands dequantized to bfloat16 (exact for MXFP8: an e4m3 element times
+  a power of two), K padded with zeros to the stored length, no scales."""
   g = w.data.shape[0]
+  if kind == "bf16":
+    return _bf16_operands(dequantized_x(x, jnp.bfloat16), dequantized_w(w, jnp.bfloat16), w.data.shape[-1])
   if kind.startswith("blockwise"):
     sa = blockwise.kernel_scale_layout(as_block_scales(x))
     sb = jax.vmap(blockwise.kernel_scale_layout)(as_block_scales(w))
@@ -360,6 +370,23 @@ def block_scaled_operands(x: QuantizedArray, w: QuantizedArray):
   return a, b, _sf_bytes(x), _sf_bytes(w), ga, gb
 
 
+def packed_bf16_operands(x, w: PackedWeight):
+  """(a, b, a_scales, b_scales) of the bf16 prefill route of PackedWeight experts (MX formats:
+  each element times its power-of-two scale is exact in bfloat16): x in bfloat16 and the experts
+  dequantized to bfloat16, both with K padded with zeros to the experts' padded K; no scales."""
+  return _bf16_operands(x.astype(jnp.bfloat16), dequantized_w(w, jnp.bfloat16),
+                        _packed_k(jax.tree.structure(w)))
+
+
+def _bf16_operands(a, b, k: int):
+  """The bf16 kernel's operands: a (M, K') and b (G, N, K') padded with zeros to K = ``k``, and
+  the two unread scale placeholders."""
+  a = jnp.pad(a, ((0, 0), (0, k - a.shape[-1])))
+  b = jnp.pad(b, ((0, 0), (0, 0), (0, k - b.shape[-1])))
+  none = jnp.zeros((1,), _F32)
+  return a, b, none, none
+
+
 def packed_operands(x, w: PackedWeight):
   """(x, x_scale, has_x_scale, w_global) as the grouped weight-only kernel takes them
   (ffi/weightonly_ffi.cc): x in bfloat16, K padded to the experts' padded K with zeros (an FP8
@@ -378,21 +405,47 @@ def packed_operands(x, w: PackedWeight):
   return x2, xs, has_xs, w.global_scale.astype(_F32).reshape(-1)
 
 
+def _check(name: str, kind: str, problem, k: int, kernel_out, sm_count: int, has_bias: bool):
+  """The library's (error or None, workspace bytes) for kernel ``name`` of ``kind`` on the
+  problem with contraction length ``k``."""
+  element = "bfloat16" if kind == "bf16" else "float8_e4m3fn"
+  return _backend.ext().check_grouped(name, element, element, np.dtype(kernel_out).name, problem.m,
+                                      problem.n, k, problem.g, sm_count, bool(has_bias))
+
+
 def _plan(problem, kernel_out, sm_count: int, has_bias: bool):
   """(scale kind, kernel name, workspace bytes) for an FP8 grouped problem: the selected config,
   or the weight-streaming one where the library's can_implement refuses a prefill config."""
   config = grouped_configs.select_config(problem, sm_count)
   candidates = [config] + ([grouped_configs.stream_config(problem, sm_count)]
                            if grouped_configs.is_prefill(config) else [])
-  e = _backend.ext()
   for cfg in candidates:
     kind = grouped_configs.kernel_kind(problem.fmt, cfg)
     name = grouped_configs.kernel_name(kind, cfg)
-    err, ws = e.check_grouped(name, "float8_e4m3fn", "float8_e4m3fn", np.dtype(kernel_out).name,
-                              problem.m, problem.n, problem.k, problem.g, sm_count, bool(has_bias))
+    err, ws = _check(name, kind, problem, problem.k, kernel_out, sm_count, has_bias)
     if not err:
       return kind, name, ws
   raise ValueError(f"{WHO}: kernel {name} cannot run {problem}: {err}")
+
+
+def _packed_plan(problem, x_tree, w_tree, kernel_out, sm_count: int, has_bias: bool):
+  """The bf16 prefill route of PackedWeight experts ``(kernel name, workspace bytes)`` when
+  :func:`grouped_configs.packed_takes_bf16` picks it and the library can run it, else None (the
+  grouped weight-only kernel)."""
+  x_is_float = not isinstance(jax.tree.unflatten(x_tree, [0] * x_tree.num_leaves), QuantizedArray)
+  if not grouped_configs.packed_takes_bf16(problem, x_is_float):
+    return None
+  config = tuple(grouped_configs.BF16_PREFILL_CONFIGS)[0]
+  name = grouped_configs.kernel_name("bf16", config)
+  err, ws = _check(name, "bf16", problem, _packed_k(w_tree), kernel_out, sm_count, has_bias)
+  return None if err else (name, ws)
+
+
+def _packed_k(w_tree) -> int:
+  """The padded contraction length of PackedWeight experts (from the treedef's static fields:
+  the packed array's K steps are not there, so from k)."""
+  w = jax.tree.unflatten(w_tree, [0] * w_tree.num_leaves)
+  return -(-w.k // weightonly.TILE_K) * weightonly.TILE_K
 
 
 def _sm100_kernel(ctx, args, problem, x_tree, w_tree, out_dtype, has_bias):
@@ -442,8 +495,12 @@ def _kernel(ctx, *args, x_tree, w_tree, fmt, n, out_dtype, has_bias):
   # float16 output: the float32 kernel, then one rounding (as the dense families)
   kernel_out = np.dtype(_F32) if np.dtype(out_dtype) == shapes.F16 else np.dtype(out_dtype)
   sm_count = int(_backend.first_cuda_device().core_count)
+  bf16_route = _packed_plan(problem, x_tree, w_tree, kernel_out, sm_count, has_bias) if packed else None
   if not packed:
     kind, name, ws = _plan(problem, kernel_out, sm_count, has_bias)
+  elif bf16_route is not None:
+    kind, (name, ws) = "bf16", bf16_route
+  weightonly_kernel = packed and bf16_route is None
   nx, nw = x_tree.num_leaves, w_tree.num_leaves
   out_shape = jax.ShapeDtypeStruct((problem.m, n), kernel_out)
 
@@ -453,14 +510,14 @@ def _kernel(ctx, *args, x_tree, w_tree, fmt, n, out_dtype, has_bias):
     group_sizes, bias, row_ids = leaves[nx + nw:]
     bias_in = bias.astype(kernel_out) if has_bias else jnp.zeros((1,), kernel_out)
     sizes, rows = group_sizes.astype(jnp.int32), row_ids.astype(jnp.int32)
-    if packed:
+    if weightonly_kernel:
       x2, xs, has_xs, w_global = packed_operands(x, w)
       out = jax.ffi.ffi_call(_backend.WEIGHTONLY_GROUPED_GEMM_TARGET, out_shape)(
           x2, xs, w.packed, w.scales, w_global, bias_in, sizes, rows,
           scale_kind=np.int32(weightonly.SCALE_KIND[fmt]), has_x_scale=has_xs,
           has_bias=bool(has_bias))
     else:
-      a, b, sa, sb = kernel_operands(x, w, kind)
+      a, b, sa, sb = packed_bf16_operands(x, w) if packed else kernel_operands(x, w, kind)
       # the workspace: the prefill kernels' per-expert arguments (XLA owns it: valid under
       # CUDA-graph replay, nothing allocated at run time)
       ws_shape = jax.ShapeDtypeStruct((max(int(ws), 16),), np.uint8)

@@ -18,11 +18,17 @@ At prefill sizes the per-row / per-tensor experts (kind ``fp8``) run the ``block
 prefill kernel too (:data:`PREFILL_KIND`): a per-row or per-tensor scale is a 1x128 block scale
 that repeats over K, so the lowering writes it out once per 128 of K (a partial last block
 included: K a multiple of 32, as every grouped kernel) and CUTLASS's grouped tensor-core GEMM
-multiplies them; below the prefill sizes they stream.
+multiplies them; below the prefill sizes they stream. MXFP8 experts (scales per 32 of K, which
+CUTLASS's Hopper blockwise mainloop cannot apply: it promotes once per 128) take kind ``bf16``
+at prefill sizes: both operands dequantized exactly to bfloat16 (an e4m3 element times its
+power-of-two scale) and CUTLASS's grouped bf16 tensor-core GEMM
+(``cpp/sm90_bf16_gemm_grouped.cu``, :data:`BF16_PREFILL_CONFIGS`), as the dense MXFP8 family's
+exact bf16 route at large M.
 
 FP4 / FP6 experts (PackedWeight: nvfp4, mxfp4, mxfp6_e2m3, mxfp6_e3m2) run the grouped form of
 the weight-only decode kernel (``cpp/sm90_fp4_gemm_weightonly.cu``, ``..._fp6_...``; x in
-bfloat16), its CTA shape picked in C++ (``weightonly_grouped_pick``).
+bfloat16), its CTA shape picked in C++ (``weightonly_grouped_pick``); at prefill sizes the MX
+ones with a float x take the bf16 route of MXFP8 (:func:`packed_takes_bf16`).
 
 The grid is (16-row strips of N) x (min(G, M) + 1) CTAs: one slot per expert that can hold rows,
 so empty experts cost one early-exiting CTA per strip, never their weights
@@ -51,10 +57,14 @@ CONFIGS = {"stream_16x8_kw4": (8, 4), "stream_16x8_kw8": (8, 8), "stream_16x16_k
 #: prefill configs of the block-scaled kinds (cpp/sm90_fp8_gemm_grouped_blockwise.cu: CUTLASS's
 #: grouped GEMM with the FP8 blockwise-scaling mainloop): rows of tokens per tile
 PREFILL_CONFIGS = {"128x128x128_coop": 128, "64x128x128_pingpong": 64}
+#: prefill configs of kind ``bf16`` (cpp/sm90_bf16_gemm_grouped.cu: CUTLASS's grouped GEMM on
+#: bfloat16 operands): rows of tokens per tile
+BF16_PREFILL_CONFIGS = {"128x256x64_coop": 128, "64x128x64_pingpong": 64}
 #: the prefill kernels' scale kind of each expert format that has one: per-row (fp8_channel)
-#: and per-tensor (fp8_tensor) scales as 1x128 blocks repeating one value over K
+#: and per-tensor (fp8_tensor) scales as 1x128 blocks repeating one value over K; MXFP8 as
+#: exact bfloat16 operands
 PREFILL_KIND = {"fp8_128x128": "blockwise_1d2d", "fp8_1x128": "blockwise_1d1d",
-                "fp8_channel": "blockwise_1d1d", "fp8_tensor": "blockwise_1d1d"}
+                "fp8_channel": "blockwise_1d1d", "fp8_tensor": "blockwise_1d1d", "mxfp8": "bf16"}
 #: the contraction block of the prefill kernels' scales (the block-scaled formats store K padded
 #: to it; per-row / per-tensor experts write ceil(K / 128) blocks, the last one partial)
 PREFILL_K_BLOCK = 128
@@ -62,6 +72,10 @@ PREFILL_K_BLOCK = 128
 #: 128-row tile
 PREFILL_MIN_ROWS = 64
 PREFILL_128_MIN_ROWS = 256
+#: PackedWeight formats exact in bfloat16 (element times E8M0 scale), and the experts' average
+#: rows from which they take the bf16 prefill kernel (:func:`packed_takes_bf16`)
+WEIGHTONLY_BF16_FORMATS = ("mxfp4", "mxfp6_e2m3", "mxfp6_e3m2")
+WEIGHTONLY_BF16_MIN_ROWS = 256
 #: the kernels' contraction block: K must be a multiple of it
 K_BLOCK = 32
 #: most experts a launch takes (one grid row per expert slot, CUDA's 65535 grid rows)
@@ -172,9 +186,9 @@ def stream_config(problem: GroupedProblem, sm_count: int) -> str:
 
 
 def takes_prefill(problem: GroupedProblem) -> bool:
-  """Whether the experts' format has a prefill kernel for the problem's shape: every FP8 format
-  but mxfp8, with N a multiple of 8 (the output's TMA rows). K needs nothing more than every
-  grouped kernel's multiple of K_BLOCK: a partial last 128-K block is read as zeros past K."""
+  """Whether the experts' format has a prefill kernel for the problem's shape: every FP8 format,
+  with N a multiple of 8 (the output's TMA rows). K needs nothing more than every grouped
+  kernel's multiple of K_BLOCK: a partial last 128-K block is read as zeros past K."""
   return problem.fmt in PREFILL_KIND and problem.n % 8 == 0
 
 
@@ -186,12 +200,26 @@ def select_config(problem: GroupedProblem, sm_count: int) -> str:
   choice are first rules: only the 128x128 tiles have been timed on grouped problems."""
   avg = problem.m / max(min(problem.g, problem.m), 1)
   if takes_prefill(problem) and avg >= PREFILL_MIN_ROWS:
-    return "128x128x128_coop" if avg >= PREFILL_128_MIN_ROWS else "64x128x128_pingpong"
+    # (128-row tiles, 64-row tiles) of the format's prefill kind
+    big, small = tuple(BF16_PREFILL_CONFIGS if PREFILL_KIND[problem.fmt] == "bf16" else PREFILL_CONFIGS)
+    return big if avg >= PREFILL_128_MIN_ROWS else small
   return stream_config(problem, sm_count)
 
 
+def packed_takes_bf16(problem: GroupedProblem, x_is_float: bool) -> bool:
+  """Whether FP4 / FP6 experts (a PackedWeight) take the exact bfloat16 route at prefill instead
+  of the grouped weight-only kernel: formats whose elements times their power-of-two (E8M0)
+  scales are exact in bfloat16 (:data:`WEIGHTONLY_BF16_FORMATS`; not NVFP4, whose float32
+  global scale is not), a float x (an FP8 x with its own scale stays on the weight-only
+  kernel, which applies that scale in float32), and experts averaging at least
+  WEIGHTONLY_BF16_MIN_ROWS rows: the route first writes every expert's weights out in
+  bfloat16, a cost that only many tokens per expert repay."""
+  avg = problem.m / max(min(problem.g, problem.m), 1)
+  return problem.fmt in WEIGHTONLY_BF16_FORMATS and x_is_float and avg >= WEIGHTONLY_BF16_MIN_ROWS
+
+
 def is_prefill(config: str) -> bool:
-  return config in PREFILL_CONFIGS
+  return config in PREFILL_CONFIGS or config in BF16_PREFILL_CONFIGS
 
 
 def kernel_kind(fmt: str, config: str) -> str:
