@@ -1,5 +1,6 @@
 """Checks that the installed kernel library holds Hopper tensor-core code: every kernel uses
-QGMMA (fp8 wgmma) and TMA loads (UTMALDG), and no kernel spills to local memory in its main
+QGMMA (fp8 wgmma; HGMMA for the grouped bf16 kernels, whose MMA atom is bf16 x bf16) and TMA
+loads (UTMALDG), and no kernel spills to local memory in its main
 loop beyond a small bound. Needs cuobjdump (+ nvdisasm): the CUDA toolkit's, or pip's
 nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm. Exits 0 with a note when no library was built.
 Blackwell block-scaled kernels (sm_100a / sm_120a ELF sections) must instead contain their
@@ -10,6 +11,10 @@ import re
 import shutil
 import subprocess
 import sys
+
+
+#: the MMA atom of bf16 x bf16 wgmma in a CUTLASS kernel's (mangled) name
+BF16_MMA = "F32BF16BF16"
 
 
 def find_tool(name):
@@ -145,10 +150,13 @@ def main():
               {m for k in bw for m in k[2]})) + ") + UTMALDG"))
     if not kernels and not bw_bad:
       return 0
+  n_bf16 = 0
   for f in kernels:
     name = f.split("\n", 1)[0][:80]
-    if "QGMMA" not in f or "UTMALDG" not in f:
-      bad.append(f"{name}: no QGMMA/UTMALDG")
+    mma = "HGMMA" if BF16_MMA in f.split("\n", 1)[0] else "QGMMA"
+    n_bf16 += mma == "HGMMA"
+    if mma not in f or "UTMALDG" not in f:
+      bad.append(f"{name}: no {mma}/UTMALDG")
     spills = len(re.findall(r"\bSTL\b", f))
     if spills > 32:
       bad.append(f"{name}: {spills} local-memory stores (register spills)")
@@ -168,8 +176,8 @@ def main():
       bad.append(f"{name}: no HMMA (mma.sync)")
     if re.search(r"\bSTL\b", f):
       bad.append(f"{name}: local-memory stores (register spills)")
-  print(f"check_sass: {len(kernels)} GEMM kernels ({n_block} block-scaled 1x128, {n_mx} MXFP8), "
-        f"all QGMMA + UTMALDG; {len(stream)} FP8 streaming kernels ({n_stream_mx} MXFP8, "
+  print(f"check_sass: {len(kernels)} GEMM kernels ({n_block} block-scaled 1x128, {n_mx} MXFP8, "
+        f"{n_bf16} grouped bf16), all QGMMA (bf16: HGMMA) + UTMALDG; {len(stream)} FP8 streaming kernels ({n_stream_mx} MXFP8, "
         f"{len(stream) - n_stream_mx - n_grouped} block-scaled 1x128, {n_grouped} grouped), all HMMA"
         if not bad else "\n".join(bad))
   return 1 if bad or not kernels else 0
