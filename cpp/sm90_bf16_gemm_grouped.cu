@@ -42,7 +42,7 @@
 #include "jax_gmma/gemm_api.h"
 #include "jax_gmma/group_setup.cuh"
 #include "cutlass_gemm_host.cuh"
-#include "params_cache.cuh"
+#include "cutlass_grouped_host.cuh"
 
 namespace jax_gmma::sm90_grouped_bf16 {
 namespace {
@@ -68,7 +68,8 @@ template <class Gemm>
 __global__ void __launch_bounds__(kSetupThreads) grouped_setup_kernel(const typename Gemm::Setup s);
 
 template <DType kD, class Cfg>
-struct Sm90Bf16GroupedGemm {
+struct Sm90Bf16GroupedGemm : cutlass_host::GroupedHost<Sm90Bf16GroupedGemm<kD, Cfg>> {
+  using Host = cutlass_host::GroupedHost<Sm90Bf16GroupedGemm>;
   using ElA = cutlass::bfloat16_t;
   using ElB = cutlass::bfloat16_t;
   using ElD = typename CutlassType<kD>::type;
@@ -163,47 +164,16 @@ struct Sm90Bf16GroupedGemm {
     return args;
   }
 
-  static size_t cutlass_workspace(const GemmArgs& g, int sms) {
-    Arrays w;
-    carve(kAlign, g.groups, &w);  // any aligned stand-in address: nothing is dereferenced
-    return GemmKernel::get_workspace_size(make_arguments(g, w, sms));
-  }
-
   static const char* check(const GemmArgs& g) {
     if (const char* msg = cutlass_host::check_grouped_args(g, kAlignD)) return msg;
     if (g.k % kAlignAB) return "K must be a multiple of 8 (TMA: 16-byte rows of A and B)";
     return nullptr;
   }
 
-  static const char* can_implement(const GemmArgs& g) {
-    if (const char* msg = check(g)) return msg;
-    const int sms = cutlass_host::grouped_sm_count(g);
-    if (sms <= 0) return "no SM count (and no device to ask)";
-    Arrays w;
-    carve(kAlign, g.groups, &w);
-    return cutlass_host::cutlass_can_implement<GemmKernel>(make_arguments(g, w, sms));
-  }
-
-  // From G and the SM count only (never the group sizes).
-  static size_t workspace_size(const GemmArgs& g) {
-    if (g.groups < 1) return 0;
-    Arrays w;
-    const int sms = cutlass_host::grouped_sm_count(g);
-    return kAlign + carve(0, g.groups, &w) + cutlass_workspace(g, sms > 0 ? sms : 1);
-  }
-
   static cudaError_t run(const GemmArgs& g, cudaStream_t stream) {
-    if (check(g)) return cudaErrorInvalidValue;
-    const int sms = cutlass_host::grouped_sm_count(g);
-    if (sms <= 0) return cudaErrorInvalidValue;
-    const uintptr_t base = cutlass_host::grouped_workspace_base(g);
     Arrays w;
-    const size_t arrays = carve(base, g.groups, &w);
-    if (!cutlass_host::grouped_workspace_fits(g, base, arrays, cutlass_workspace(g, sms)))
-      return cudaErrorInvalidValue;
-    if ((reinterpret_cast<uintptr_t>(g.a) | reinterpret_cast<uintptr_t>(g.b) |
-         reinterpret_cast<uintptr_t>(g.d)) % 16)
-      return cudaErrorMisalignedAddress;
+    int sms = 0;
+    if (cudaError_t err = Host::prepare_run(g, &w, &sms); err != cudaSuccess) return err;
 
     Setup s;
     s.sizes = g.group_sizes;
@@ -222,12 +192,7 @@ struct Sm90Bf16GroupedGemm {
            stream>>>(s);
     if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
 
-    auto& e = thread_params_cache<GemmKernel>().lookup(g, &cutlass_host::same_grouped_args, [&](auto& entry) {
-      entry.params = GemmKernel::to_underlying_arguments(make_arguments(g, w, sms), w.cutlass);
-      entry.grid = GemmKernel::get_grid_shape(entry.params);
-      entry.needs_workspace_init = false;  // per-SM TMA descriptors, written by the kernel itself
-    });
-    return launch_gemm_kernel<GemmKernel>(e.params, e.grid, stream);
+    return Host::launch(g, w, sms, stream);
   }
 
   static KernelEntry entry(const char* name) {

@@ -67,7 +67,7 @@
 #include "jax_gmma/gemm_api.h"
 #include "jax_gmma/group_setup.cuh"
 #include "cutlass_gemm_host.cuh"
-#include "params_cache.cuh"
+#include "cutlass_grouped_host.cuh"
 
 namespace jax_gmma::sm90_grouped_blockwise {
 namespace {
@@ -141,7 +141,8 @@ __global__ void __launch_bounds__(kSetupThreads) grouped_setup_kernel(const type
 // The kernel for one output dtype, scale variant and config.
 // ---------------------------------------------------------------------------------------------
 template <DType kD, Variant kVariant, class Cfg>
-struct Sm90Fp8GroupedBlockwiseGemm {
+struct Sm90Fp8GroupedBlockwiseGemm : cutlass_host::GroupedHost<Sm90Fp8GroupedBlockwiseGemm<kD, kVariant, Cfg>> {
+  using Host = cutlass_host::GroupedHost<Sm90Fp8GroupedBlockwiseGemm>;
   using ElA = cutlass::float_e4m3_t;
   using ElB = cutlass::float_e4m3_t;
   using ElD = typename CutlassType<kD>::type;
@@ -255,13 +256,6 @@ struct Sm90Fp8GroupedBlockwiseGemm {
     return args;
   }
 
-  // Bytes of CUTLASS's workspace for `sms` SMs.
-  static size_t cutlass_workspace(const GemmArgs& g, int sms) {
-    Arrays w;
-    carve(kAlign, g.groups, &w);  // any aligned stand-in address: nothing is dereferenced
-    return GemmKernel::get_workspace_size(make_arguments(g, w, sms));
-  }
-
   // The host checks (no device needed); nullptr when the problem fits the family.
   static const char* check(const GemmArgs& g) {
     if (const char* msg = cutlass_host::check_grouped_args(g, kAlignD)) return msg;
@@ -278,37 +272,10 @@ struct Sm90Fp8GroupedBlockwiseGemm {
     return nullptr;
   }
 
-  static const char* can_implement(const GemmArgs& g) {
-    if (const char* msg = check(g)) return msg;
-    const int sms = cutlass_host::grouped_sm_count(g);
-    if (sms <= 0) return "no SM count (and no device to ask)";
-    Arrays w;
-    carve(kAlign, g.groups, &w);
-    return cutlass_host::cutlass_can_implement<GemmKernel>(make_arguments(g, w, sms));
-  }
-
-  // From G and the SM count only (never the group sizes): the arrays, CUTLASS's workspace and
-  // the slack that aligns the workspace's start to 128 bytes.
-  static size_t workspace_size(const GemmArgs& g) {
-    if (g.groups < 1) return 0;
-    Arrays w;
-    const int sms = cutlass_host::grouped_sm_count(g);
-    return kAlign + carve(0, g.groups, &w) + cutlass_workspace(g, sms > 0 ? sms : 1);
-  }
-
   static cudaError_t run(const GemmArgs& g, cudaStream_t stream) {
-    if (check(g)) return cudaErrorInvalidValue;
-    const int sms = cutlass_host::grouped_sm_count(g);
-    if (sms <= 0) return cudaErrorInvalidValue;
-    const uintptr_t base = cutlass_host::grouped_workspace_base(g);
     Arrays w;
-    const size_t arrays = carve(base, g.groups, &w);
-    if (!cutlass_host::grouped_workspace_fits(g, base, arrays, cutlass_workspace(g, sms)))
-      return cudaErrorInvalidValue;
-    // TMA: 16-byte aligned A, B and D (row offsets keep it: K % 16, N * sizeof(D) % 16).
-    if ((reinterpret_cast<uintptr_t>(g.a) | reinterpret_cast<uintptr_t>(g.b) |
-         reinterpret_cast<uintptr_t>(g.d)) % 16)
-      return cudaErrorMisalignedAddress;
+    int sms = 0;
+    if (cudaError_t err = Host::prepare_run(g, &w, &sms); err != cudaSuccess) return err;
 
     // 1. The per-expert arrays (CTA 0) and the rows past the total (the other CTAs).
     Setup s;
@@ -336,12 +303,7 @@ struct Sm90Fp8GroupedBlockwiseGemm {
 
     // 2. The grouped GEMM over the arrays (Params cached per thread, keyed by what they depend
     // on: see the header comment).
-    auto& e = thread_params_cache<GemmKernel>().lookup(g, &cutlass_host::same_grouped_args, [&](auto& entry) {
-      entry.params = GemmKernel::to_underlying_arguments(make_arguments(g, w, sms), w.cutlass);
-      entry.grid = GemmKernel::get_grid_shape(entry.params);
-      entry.needs_workspace_init = false;  // per-SM TMA descriptors, written by the kernel itself
-    });
-    return launch_gemm_kernel<GemmKernel>(e.params, e.grid, stream);
+    return Host::launch(g, w, sms, stream);
   }
 
   static KernelEntry entry(const char* name) {
