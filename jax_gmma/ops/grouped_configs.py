@@ -73,7 +73,8 @@ PREFILL_K_BLOCK = 128
 PREFILL_MIN_ROWS = 64
 PREFILL_128_MIN_ROWS = 256
 #: PackedWeight formats exact in bfloat16 (element times E8M0 scale), and the experts' average
-#: rows from which they take the bf16 prefill kernel (:func:`packed_takes_bf16`)
+#: rows from which they take the bf16 prefill kernel (:func:`packed_takes_bf16`; a first rule
+#: from the floors in docs/performance.md, not measured)
 WEIGHTONLY_BF16_FORMATS = ("mxfp4", "mxfp6_e2m3", "mxfp6_e3m2")
 WEIGHTONLY_BF16_MIN_ROWS = 256
 #: the kernels' contraction block: K must be a multiple of it
