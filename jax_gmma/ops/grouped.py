@@ -399,7 +399,7 @@ def packed_operands(x, w: PackedWeight):
     has_xs = True
   else:
     x2, xs, has_xs = x.astype(jnp.bfloat16), jnp.ones((1,), _F32), False
-  kp = w.packed.shape[2] * 64
+  kp = _packed_k(jax.tree.structure(w))
   if x2.shape[1] != kp:
     x2 = jnp.pad(x2, ((0, 0), (0, kp - x2.shape[1])))
   return x2, xs, has_xs, w.global_scale.astype(_F32).reshape(-1)
