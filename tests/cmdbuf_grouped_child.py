@@ -25,7 +25,8 @@ def main():
   w = jax.random.normal(kw, (G, D, D), jnp.float32) / np.sqrt(D)
   experts = [jax_gmma.quantize(w, "fp8_128x128"), jax_gmma.quantize(w, "mxfp8"),
              jax_gmma.quantize(w, "fp8_channel"),
-             jax.vmap(lambda e: jax_gmma.weightonly.prepare(e, "mxfp4"))(w)]
+             jax.vmap(lambda e: jax_gmma.weightonly.prepare(e, "mxfp4"))(w),
+             jax.vmap(lambda e: jax_gmma.weightonly.prepare(e, "nvfp4"))(w)]
   x0 = jax.random.normal(kx, (M, D), jnp.bfloat16)
 
   def layer(x, w):
@@ -42,8 +43,8 @@ def main():
 
   @jax.jit
   def chain(x):
-    for i in range(16):
-      x = layer(x, experts[i % 4])
+    for i in range(20):
+      x = layer(x, experts[i % 5])
     return x
 
   @jax.jit

@@ -183,16 +183,14 @@ def test_packed_experts_tensor_core(fmt, m, sizes):
   run_case(fmt, m, 256, 400, sizes, bias=True)
 
 
-@pytest.mark.parametrize("fmt", ("mxfp4", "mxfp6_e2m3", "mxfp6_e3m2"))
+@pytest.mark.parametrize("fmt", ("mxfp4", "mxfp6_e2m3", "mxfp6_e3m2", "nvfp4"))
 @pytest.mark.parametrize("out_dtype", (jnp.bfloat16, jnp.float32))
 def test_packed_experts_bf16_prefill(fmt, out_dtype):
-  # MX experts averaging 256 rows or more: exact bfloat16 operands through the grouped bf16
-  # kernel; K off the 64-K tile (padded), an empty expert, rows past the total
+  # FP4 / FP6 experts averaging 256 rows or more: exact bfloat16 operands through the grouped
+  # bf16 kernel (NVFP4: float32 sums, then its global scale and the bias); K off the 64-K tile
+  # (padded), an empty expert, rows past the total
   run_case(fmt, 1100, 256, 400, (400, 0, 350, 300), out_dtype=out_dtype, bias=True,
            kernel="grouped_bf16_128x256x64_coop")
-  # NVFP4 (a float32 global scale) keeps the weight-only kernel
-  if fmt == "mxfp4":
-    run_case("nvfp4", 1100, 256, 400, (400, 0, 350, 300), out_dtype=out_dtype)
 
 
 @pytest.mark.parametrize("x_format", ("fp8_channel", "fp8_tensor"))

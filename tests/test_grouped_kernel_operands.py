@@ -165,11 +165,41 @@ def test_packed_prefill_operands_are_exact_bf16(fmt):
   assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-6
 
 
+def test_nvfp4_prefill_operands_and_rescale():
+  """NVFP4 PackedWeight experts at prefill: b holds element times e4m3 block scale (exact in
+  bfloat16, without the float32 global scale); the kernel's float32 sums times each row's
+  expert's global scale plus its bias give the reference's result, zero past the groups, also
+  for a shard of the rows."""
+  k = 200
+  rng = np.random.default_rng(5)
+  w = jnp.asarray(rng.standard_normal((G, 32, k)) * (1 + np.arange(G)).reshape(G, 1, 1), jnp.float32)
+  wp = jax.vmap(lambda e: jax_gmma.weightonly.prepare(e, "nvfp4"))(w)
+  assert len(set(np.asarray(wp.global_scale).ravel().tolist())) == G  # one float32 scale per expert
+  x = jnp.asarray(rng.standard_normal((M, k)), jnp.bfloat16)
+  bias = jnp.asarray(rng.standard_normal((G, 32)), jnp.float32)
+  a, b, _, _ = grouped.packed_bf16_operands(x, wp)
+  unit = jax.tree.unflatten(jax.tree.structure(wp), [wp.packed, wp.scales, jnp.ones_like(wp.global_scale)])
+  np.testing.assert_array_equal(np.asarray(b[..., :k], np.float32), np.asarray(grouped.dequantized_w(unit)))
+  assert not np.asarray(b[..., k:], np.float32).any()
+  sizes = np.array([7, 0, 11, 3])
+  gs = jnp.asarray(sizes, jnp.int32)
+  ref = np.asarray(jax_gmma.ragged_dot(x, wp, gs, bias=bias, out_dtype=jnp.float32), np.float64)
+  for row0, rows in ((0, M), (10, 8)):
+    acc = _model("bf16", a[row0:row0 + rows], b, None, None, sizes, row0=row0)
+    got = np.asarray(grouped.rescaled_rows(jnp.asarray(acc, jnp.float32), wp.global_scale, bias, gs,
+                                           jnp.arange(row0, row0 + rows, dtype=jnp.int32)), np.float64)
+    want = ref[row0:row0 + rows]
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-6
+  tail = np.asarray(grouped.rescaled_rows(jnp.ones((3, 32), jnp.float32), wp.global_scale, bias, gs,
+                                          jnp.arange(21, 24, dtype=jnp.int32)))
+  assert not tail.any()  # rows past the groups: zero, no bias
+
+
 def test_packed_bf16_rule():
   p = lambda m, fmt="mxfp4", g=8: gc.GroupedProblem(m=m, n=4096, k=2048, g=g, fmt=fmt)
   assert gc.packed_takes_bf16(p(2048), True)                 # 256 rows per expert
   assert not gc.packed_takes_bf16(p(2040), True)
-  assert not gc.packed_takes_bf16(p(4096, "nvfp4"), True)    # float32 global scale: not exact
+  assert gc.packed_takes_bf16(p(4096, "nvfp4"), True)        # float32 global scale after the kernel
   assert not gc.packed_takes_bf16(p(4096), False)            # FP8 x: its scale stays in float32
   assert gc.packed_takes_bf16(p(4096, "mxfp6_e3m2"), True)
 

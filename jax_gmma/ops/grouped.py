@@ -371,11 +371,30 @@ def block_scaled_operands(x: QuantizedArray, w: QuantizedArray):
 
 
 def packed_bf16_operands(x, w: PackedWeight):
-  """(a, b, a_scales, b_scales) of the bf16 prefill route of PackedWeight experts (MX formats:
-  each element times its power-of-two scale is exact in bfloat16): x in bfloat16 and the experts
-  dequantized to bfloat16, both with K padded with zeros to the experts' padded K; no scales."""
+  """(a, b, a_scales, b_scales) of the bf16 prefill route of PackedWeight experts (each element
+  times its block scale is exact in bfloat16): x in bfloat16 and the experts dequantized to
+  bfloat16, both with K padded with zeros to the experts' padded K; no scales. MX experts'
+  power-of-two global scales are in b (exact); NVFP4's float32 ones are not
+  (:data:`grouped_configs.GLOBAL_SCALED_FORMATS`: :func:`rescaled_rows` applies them)."""
+  if w.format in grouped_configs.GLOBAL_SCALED_FORMATS:
+    w = jax.tree.unflatten(jax.tree.structure(w), [w.packed, w.scales, jnp.ones_like(w.global_scale)])
   return _bf16_operands(x.astype(jnp.bfloat16), dequantized_w(w, jnp.bfloat16),
                         _packed_k(jax.tree.structure(w)))
+
+
+def rescaled_rows(acc, global_scale, bias, group_sizes, row_ids):
+  """float32 (M, N) sums of the bf16 route of NVFP4 experts -> times each row's expert's global
+  scale, plus its bias (None: none), in float32 (the weight-only kernel's epilogue). Rows outside
+  every group stay zero (``row_ids``: the rows' indices in the whole operand)."""
+  end = jnp.cumsum(group_sizes.astype(jnp.int32))
+  expert = jnp.searchsorted(end, row_ids.astype(jnp.int32), side="right")
+  inside = (expert < end.shape[0]) & (row_ids >= 0)
+  expert = jnp.minimum(expert, end.shape[0] - 1)
+  scale = jnp.where(inside, global_scale.astype(_F32).reshape(-1)[expert], 0.0)
+  out = acc * scale[:, None]
+  if bias is not None:
+    out = out + jnp.where(inside[:, None], bias.astype(_F32)[expert], 0.0)
+  return out
 
 
 def _bf16_operands(a, b, k: int):
@@ -431,10 +450,13 @@ def _plan(problem, kernel_out, sm_count: int, has_bias: bool):
 def _packed_plan(problem, x_tree, w_tree, kernel_out, sm_count: int, has_bias: bool):
   """The bf16 prefill route of PackedWeight experts ``(kernel name, workspace bytes)`` when
   :func:`grouped_configs.packed_takes_bf16` picks it and the library can run it, else None (the
-  grouped weight-only kernel)."""
+  grouped weight-only kernel). NVFP4 experts' kernel writes float32 without bias
+  (:func:`rescaled_rows` adds it)."""
   x_is_float = not isinstance(jax.tree.unflatten(x_tree, [0] * x_tree.num_leaves), QuantizedArray)
   if not grouped_configs.packed_takes_bf16(problem, x_is_float):
     return None
+  if problem.fmt in grouped_configs.GLOBAL_SCALED_FORMATS:
+    kernel_out, has_bias = np.dtype(_F32), False
   config = tuple(grouped_configs.BF16_PREFILL_CONFIGS)[0]
   name = grouped_configs.kernel_name("bf16", config)
   err, ws = _check(name, "bf16", problem, _packed_k(w_tree), kernel_out, sm_count, has_bias)
@@ -501,6 +523,10 @@ def _kernel(ctx, *args, x_tree, w_tree, fmt, n, out_dtype, has_bias):
   elif bf16_route is not None:
     kind, (name, ws) = "bf16", bf16_route
   weightonly_kernel = packed and bf16_route is None
+  # NVFP4 experts on the bf16 route: float32 sums, then global scale and bias (rescaled_rows)
+  rescale = bf16_route is not None and fmt in grouped_configs.GLOBAL_SCALED_FORMATS
+  if rescale:
+    kernel_out = np.dtype(_F32)
   nx, nw = x_tree.num_leaves, w_tree.num_leaves
   out_shape = jax.ShapeDtypeStruct((problem.m, n), kernel_out)
 
@@ -508,7 +534,8 @@ def _kernel(ctx, *args, x_tree, w_tree, fmt, n, out_dtype, has_bias):
     x = jax.tree.unflatten(x_tree, leaves[:nx])
     w = jax.tree.unflatten(w_tree, leaves[nx:nx + nw])
     group_sizes, bias, row_ids = leaves[nx + nw:]
-    bias_in = bias.astype(kernel_out) if has_bias else jnp.zeros((1,), kernel_out)
+    kernel_bias = has_bias and not rescale
+    bias_in = bias.astype(kernel_out) if kernel_bias else jnp.zeros((1,), kernel_out)
     sizes, rows = group_sizes.astype(jnp.int32), row_ids.astype(jnp.int32)
     if weightonly_kernel:
       x2, xs, has_xs, w_global = packed_operands(x, w)
@@ -523,7 +550,9 @@ def _kernel(ctx, *args, x_tree, w_tree, fmt, n, out_dtype, has_bias):
       ws_shape = jax.ShapeDtypeStruct((max(int(ws), 16),), np.uint8)
       out = jax.ffi.ffi_call(_backend.FP8_GROUPED_GEMM_TARGET, (out_shape, ws_shape))(
           a, b, sa, sb, bias_in, sizes, rows, config=name, sm_count=np.int32(sm_count),
-          has_bias=bool(has_bias))[0]
+          has_bias=bool(kernel_bias))[0]
+      if rescale:
+        out = rescaled_rows(out, w.global_scale, bias if has_bias else None, sizes, rows)
     return out.astype(out_dtype)
 
   return mlir.lower_fun(lowered, multiple_results=False)(ctx, *args)

@@ -27,8 +27,9 @@ exact bf16 route at large M.
 
 FP4 / FP6 experts (PackedWeight: nvfp4, mxfp4, mxfp6_e2m3, mxfp6_e3m2) run the grouped form of
 the weight-only decode kernel (``cpp/sm90_fp4_gemm_weightonly.cu``, ``..._fp6_...``; x in
-bfloat16), its CTA shape picked in C++ (``weightonly_grouped_pick``); at prefill sizes the MX
-ones with a float x take the bf16 route of MXFP8 (:func:`packed_takes_bf16`).
+bfloat16), its CTA shape picked in C++ (``weightonly_grouped_pick``); at prefill sizes those
+with a float x take the bf16 route of MXFP8 (:func:`packed_takes_bf16`; NVFP4 with float32
+sums, its global scale applied after the kernel).
 
 The grid is (16-row strips of N) x (min(G, M) + 1) CTAs: one slot per expert that can hold rows,
 so empty experts cost one early-exiting CTA per strip, never their weights
@@ -72,11 +73,17 @@ PREFILL_K_BLOCK = 128
 #: 128-row tile
 PREFILL_MIN_ROWS = 64
 PREFILL_128_MIN_ROWS = 256
-#: PackedWeight formats exact in bfloat16 (element times E8M0 scale), and the experts' average
-#: rows from which they take the bf16 prefill kernel (:func:`packed_takes_bf16`; a first rule
-#: from the floors in docs/performance.md, not measured)
-WEIGHTONLY_BF16_FORMATS = ("mxfp4", "mxfp6_e2m3", "mxfp6_e3m2")
+#: PackedWeight formats whose element times its block scale is exact in bfloat16 (an e2m1 /
+#: e2m3 / e3m2 element times a power-of-two E8M0 scale; NVFP4's e2m1 times its e4m3 scale has at
+#: most 6 significant bits), and the experts' average rows from which they take the bf16 prefill
+#: kernel (:func:`packed_takes_bf16`)
+WEIGHTONLY_BF16_FORMATS = ("mxfp4", "mxfp6_e2m3", "mxfp6_e3m2", "nvfp4")
 WEIGHTONLY_BF16_MIN_ROWS = 256
+#: the formats among them whose per-expert global scale is a float32 number (not exact in
+#: bfloat16): the bf16 kernel writes float32 sums, which are multiplied by the row's expert's
+#: global scale (and its bias added) before the one rounding to the output dtype, as the
+#: weight-only kernel applies it
+GLOBAL_SCALED_FORMATS = ("nvfp4",)
 #: the kernels' contraction block: K must be a multiple of it
 K_BLOCK = 32
 #: most experts a launch takes (one grid row per expert slot, CUDA's 65535 grid rows)
@@ -209,10 +216,10 @@ def select_config(problem: GroupedProblem, sm_count: int) -> str:
 
 def packed_takes_bf16(problem: GroupedProblem, x_is_float: bool) -> bool:
   """Whether FP4 / FP6 experts (a PackedWeight) take the exact bfloat16 route at prefill instead
-  of the grouped weight-only kernel: formats whose elements times their power-of-two (E8M0)
-  scales are exact in bfloat16 (:data:`WEIGHTONLY_BF16_FORMATS`; not NVFP4, whose float32
-  global scale is not), a float x (an FP8 x with its own scale stays on the weight-only
-  kernel, which applies that scale in float32), and experts averaging at least
+  of the grouped weight-only kernel: formats whose elements times their block scales are exact
+  in bfloat16 (:data:`WEIGHTONLY_BF16_FORMATS`; NVFP4's float32 global scale is applied to the
+  float32 sums, :data:`GLOBAL_SCALED_FORMATS`), a float x (an FP8 x with its own scale stays on
+  the weight-only kernel, which applies that scale in float32), and experts averaging at least
   WEIGHTONLY_BF16_MIN_ROWS rows: the route first writes every expert's weights out in
   bfloat16, a cost that only many tokens per expert repay."""
   avg = problem.m / max(min(problem.g, problem.m), 1)
