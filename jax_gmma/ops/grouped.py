@@ -50,7 +50,9 @@ mxfp6_e2m3, mxfp6_e3m2) run the grouped form of the weight-only kernels (FFI cal
 its scale applied in the epilogue), the weights widened in registers, the same expert slots; the
 mma.sync decode kernel (8 / 16 tokens per tile) while the expert slots average at most 16 rows,
 the tensor-core one (the widened weights as wgmma's register operand, 64 / 128 tokens per tile)
-from 17.
+from 17. With a float x and 256 rows or more per expert they take the exact bfloat16 route of
+MXFP8 (an element times its block scale is exact in bfloat16; NVFP4's float32 global scale
+multiplies the kernel's float32 sums per row, :func:`rescaled_rows`).
 
 On Blackwell (sm_100a, compute capability 10.0) MXFP8, NVFP4 and MXFP4 experts given as a
 QuantizedArray (x quantized on the fly to the same format: block scales on both operands, NVFP4's
