@@ -127,6 +127,44 @@ inline bool same_scheduler_args(const GemmArgs& x, const GemmArgs& y) {
 // Alignment of the workspace's regions (TMA descriptors need 64 bytes).
 constexpr size_t kGroupedAlign = 128;
 
+// Lays a grouped family's workspace out from `base` (kGroupedAlign-aligned; 0 only sizes it):
+// regions in the order taken, each kGroupedAlign-aligned, then CUTLASS's own workspace.
+class WorkspaceCarver {
+ public:
+  WorkspaceCarver(uintptr_t base, int64_t groups) : base_(base), groups_(static_cast<size_t>(groups)) {}
+
+  // One array per argument, one entry (the pointee type) per expert.
+  template <class... T>
+  WorkspaceCarver& per_expert(T*&... arrays) {
+    (take(arrays, sizeof(T) * groups_), ...);
+    return *this;
+  }
+
+  // A region of `bytes` bytes.
+  template <class T>
+  WorkspaceCarver& region(T*& p, size_t bytes) {
+    take(p, bytes);
+    return *this;
+  }
+
+  // CUTLASS's workspace (*cutlass) starts after the regions; returns their bytes.
+  size_t finish(void** cutlass) const {
+    *cutlass = reinterpret_cast<void*>(base_ + off_);
+    return off_;
+  }
+
+ private:
+  template <class T>
+  void take(T*& p, size_t bytes) {
+    p = reinterpret_cast<T*>(base_ + off_);
+    off_ += (bytes + kGroupedAlign - 1) / kGroupedAlign * kGroupedAlign;
+  }
+
+  uintptr_t base_;
+  size_t groups_;
+  size_t off_ = 0;
+};
+
 // The SM count the persistent grid (and CUTLASS's per-SM workspace) is sized for: GemmArgs'
 // or, when 0, the device's (an attribute query: no stream operation). 0 when neither is known.
 inline int grouped_sm_count(const GemmArgs& g) {

@@ -217,30 +217,11 @@ struct Sm100MxGroupedGemm {
   // (128-byte aligned); returns the offset where CUTLASS's workspace starts (also w->cutlass).
   // base = 0 sizes them.
   static size_t carve(uintptr_t base, int64_t groups, int64_t atoms, int64_t k_atoms, Arrays* w) {
-    size_t off = 0;
-    auto take = [&](auto*& p, size_t bytes) {
-      p = reinterpret_cast<std::remove_reference_t<decltype(p)>>(base + off);
-      off += (bytes + kAlign - 1) / kAlign * kAlign;
-    };
-    const size_t g = static_cast<size_t>(groups);
-    take(w->shapes, sizeof(ExpertShape) * g);
-    take(w->a, sizeof(void*) * g);
-    take(w->b, sizeof(void*) * g);
-    take(w->sfa, sizeof(void*) * g);
-    take(w->sfb, sizeof(void*) * g);
-    take(w->d, sizeof(void*) * g);
-    take(w->bias, sizeof(void*) * g);
-    take(w->alpha, sizeof(float) * g);
-    take(w->stride_a, sizeof(StrideA) * g);
-    take(w->stride_b, sizeof(StrideB) * g);
-    take(w->stride_d, sizeof(StrideD) * g);
-    take(w->layout_sfa, sizeof(ExpertLayoutSFA) * g);
-    take(w->layout_sfb, sizeof(ExpertLayoutSFB) * g);
-    take(w->atom_end, sizeof(int64_t) * g);
-    take(w->src_row, sizeof(int64_t) * g);
-    take(w->sfa_rows, static_cast<size_t>(atoms * k_atoms * kAtomBytes));
-    w->cutlass = reinterpret_cast<void*>(base + off);
-    return off;
+    return cutlass_host::WorkspaceCarver(base, groups)
+        .per_expert(w->shapes, w->a, w->b, w->sfa, w->sfb, w->d, w->bias, w->alpha, w->stride_a,
+                    w->stride_b, w->stride_d, w->layout_sfa, w->layout_sfb, w->atom_end, w->src_row)
+        .region(w->sfa_rows, static_cast<size_t>(atoms * k_atoms * kAtomBytes))
+        .finish(&w->cutlass);
   }
 
   // K blocks (of the scale vector) in 4-block atoms.

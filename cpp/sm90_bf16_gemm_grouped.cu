@@ -51,7 +51,6 @@ using namespace cute;
 using cutlass_host::CutlassType;
 
 constexpr int kSetupThreads = 256;  // the setup kernel's CTA
-constexpr size_t kAlign = cutlass_host::kGroupedAlign;  // workspace regions
 
 template <class Tile_, class Kernel_, class Epi_>
 struct Config {
@@ -126,21 +125,9 @@ struct Sm90Bf16GroupedGemm : cutlass_host::GroupedHost<Sm90Bf16GroupedGemm<kD, C
   // Carves the arrays for G experts from `base` (128-byte aligned); returns the offset where
   // CUTLASS's workspace starts (also w->cutlass). base = 0 sizes them.
   static size_t carve(uintptr_t base, int64_t groups, Arrays* w) {
-    size_t off = 0;
-    auto take = [&](auto*& p, size_t elem) {
-      p = reinterpret_cast<std::remove_reference_t<decltype(p)>>(base + off);
-      off += (elem * static_cast<size_t>(groups) + kAlign - 1) / kAlign * kAlign;
-    };
-    take(w->shapes, sizeof(ExpertShape));
-    take(w->a, sizeof(void*));
-    take(w->b, sizeof(void*));
-    take(w->d, sizeof(void*));
-    take(w->bias, sizeof(void*));
-    take(w->stride_a, sizeof(StrideA));
-    take(w->stride_b, sizeof(StrideB));
-    take(w->stride_d, sizeof(StrideD));
-    w->cutlass = reinterpret_cast<void*>(base + off);
-    return off;
+    return cutlass_host::WorkspaceCarver(base, groups)
+        .per_expert(w->shapes, w->a, w->b, w->d, w->bias, w->stride_a, w->stride_b, w->stride_d)
+        .finish(&w->cutlass);
   }
 
   // The setup kernel's parameters.
