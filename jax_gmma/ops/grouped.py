@@ -452,13 +452,10 @@ def _plan(problem, kernel_out, sm_count: int, has_bias: bool):
 def _packed_plan(problem, x_tree, w_tree, kernel_out, sm_count: int, has_bias: bool):
   """The bf16 prefill route of PackedWeight experts ``(kernel name, workspace bytes)`` when
   :func:`grouped_configs.packed_takes_bf16` picks it and the library can run it, else None (the
-  grouped weight-only kernel). NVFP4 experts' kernel writes float32 without bias
-  (:func:`rescaled_rows` adds it)."""
+  grouped weight-only kernel)."""
   x_is_float = not isinstance(jax.tree.unflatten(x_tree, [0] * x_tree.num_leaves), QuantizedArray)
   if not grouped_configs.packed_takes_bf16(problem, x_is_float):
     return None
-  if problem.fmt in grouped_configs.GLOBAL_SCALED_FORMATS:
-    kernel_out, has_bias = np.dtype(_F32), False
   config = tuple(grouped_configs.BF16_PREFILL_CONFIGS)[0]
   name = grouped_configs.kernel_name("bf16", config)
   err, ws = _check(name, "bf16", problem, _packed_k(w_tree), kernel_out, sm_count, has_bias)
@@ -519,16 +516,20 @@ def _kernel(ctx, *args, x_tree, w_tree, fmt, n, out_dtype, has_bias):
   # float16 output: the float32 kernel, then one rounding (as the dense families)
   kernel_out = np.dtype(_F32) if np.dtype(out_dtype) == shapes.F16 else np.dtype(out_dtype)
   sm_count = int(_backend.first_cuda_device().core_count)
-  bf16_route = _packed_plan(problem, x_tree, w_tree, kernel_out, sm_count, has_bias) if packed else None
+  # NVFP4 experts on the bf16 route: the kernel writes float32 sums without bias, then their
+  # global scale and the bias (rescaled_rows)
+  global_scaled = packed and fmt in grouped_configs.GLOBAL_SCALED_FORMATS
+  route_out = np.dtype(_F32) if global_scaled else kernel_out
+  bf16_route = (_packed_plan(problem, x_tree, w_tree, route_out, sm_count, has_bias and not global_scaled)
+                if packed else None)
   if not packed:
     kind, name, ws = _plan(problem, kernel_out, sm_count, has_bias)
   elif bf16_route is not None:
     kind, (name, ws) = "bf16", bf16_route
   weightonly_kernel = packed and bf16_route is None
-  # NVFP4 experts on the bf16 route: float32 sums, then global scale and bias (rescaled_rows)
-  rescale = bf16_route is not None and fmt in grouped_configs.GLOBAL_SCALED_FORMATS
+  rescale = global_scaled and bf16_route is not None
   if rescale:
-    kernel_out = np.dtype(_F32)
+    kernel_out = route_out
   nx, nw = x_tree.num_leaves, w_tree.num_leaves
   out_shape = jax.ShapeDtypeStruct((problem.m, n), kernel_out)
 
