@@ -274,6 +274,24 @@ def test_unpack_reference_exact(fmt):
   _check_unpack(wp)
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_unpack_vmap_is_one_launch(fmt):
+  """jax.vmap of unpack over stacked weights (grouped experts): one unpack of the (B * N, Kp)
+  weight, equal to unpacking each weight alone, for bfloat16 and float8 with each weight's
+  row exponents."""
+  wps = [_weights(fmt, 48, 200, seed=s)[1] for s in (1, 2, 3)]
+  stacked = jax.tree.map(lambda *a: jnp.stack(a), *wps)
+  exps = jnp.stack([wo.rounded_row_exponents(w) for w in wps]).astype(jnp.int32)
+  for dtype in (jnp.bfloat16, jnp.float8_e4m3fn):
+    f = lambda w, e: wo.unpack(w, dtype, row_exp=None if dtype == jnp.bfloat16 else e)
+    batched = jax.jit(jax.vmap(f))
+    assert str(jax.make_jaxpr(jax.vmap(f))(stacked, exps)).count("weightonly_unpack") == 1
+    got = np.asarray(batched(stacked, exps).astype(jnp.float32))
+    want = np.stack([np.asarray(jax.jit(f)(w, e).astype(jnp.float32)) for w, e in zip(wps, exps)])
+    assert got.shape == (3, 48, wps[0].padded_k)
+    np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.parametrize("fmt", MX)
 def test_fp8_exact_flag(fmt):
   L = wo.FP8_SPREAD[fmt]

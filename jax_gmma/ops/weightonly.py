@@ -997,13 +997,31 @@ def _unpack_partition_rule(avals, params):
 
 
 
+def _unpack_batched(prim, args, dims, *, fmt, n, kp, out_dtype):
+  """``jax.vmap`` of the unpack: the prepared layouts are strip-major, so a stack of B weights
+  (N, Kp) is one (B * N, Kp) weight: one launch unpacks them all (grouped experts at prefill).
+  A float8 output's row exponents stack the same way; bfloat16's (1,) placeholder stays."""
+  size = batching.batch_size(args, dims)
+  packed, scales = (batching.front(a, d, size) for a, d in zip(args[:2], dims[:2]))
+  packed = packed.reshape((size * packed.shape[1],) + packed.shape[2:])
+  scales = scales.reshape((size * scales.shape[1],) + scales.shape[2:])
+  row_exp = args[2]
+  if dims[2] is not batching.NOT_MAPPED:
+    row_exp = batching.front(row_exp, dims[2], size).reshape(size * n)
+  elif row_exp.shape[0] == n:
+    row_exp = jnp.tile(row_exp, size)
+  out = prim.bind(packed, scales, row_exp, fmt=fmt, n=size * n, kp=kp, out_dtype=out_dtype)
+  return out.reshape(size, n, kp), 0
+
+
 WEIGHTONLY_UNPACK = primitive.define(
     "jax_gmma_weightonly_unpack",
     abstract_eval=lambda packed, *rest, n, kp, out_dtype, **__: _vma.out_aval(
         (n, kp), out_dtype, packed, *rest),
     reference=unpack_reference, user_fn="jax_gmma.weightonly.unpack", kernel=_unpack_kernel,
     kernel_missing=lambda ctx, params: _backend.missing_reason("weightonly_unpack"),
-    op="weightonly_unpack", partition_rule=_unpack_partition_rule, vmap=batching.map_rule)
+    op="weightonly_unpack", partition_rule=_unpack_partition_rule,
+    vmap=lambda prim: functools.partial(_unpack_batched, prim))
 weightonly_unpack_p = WEIGHTONLY_UNPACK.p
 
 
