@@ -2,15 +2,18 @@
 // ("grouped_bf16_<tile>" configs): CUTLASS's sm90 grouped (ptr-array) GEMM on bfloat16 operands,
 // float32 accumulation.
 //
-//   D[m, n] = sum_k A[m, k] * B_e[n, k]  (+ bias_e[n])
+//   D[m, n] = alpha_e * sum_k A[m, k] * B_e[n, k]  (+ bias_e[n])
 //
-// for row m of expert e. jax_gmma.ragged_dot feeds it the exact bfloat16 form of block-scaled
-// experts whose scales Hopper's tensor cores cannot apply per 32 of K (MXFP8: an e4m3 element
-// times its power-of-two scale is exact in bfloat16), so prefill runs on the bf16 tensor cores
-// instead of re-reading each expert's weights per 16 tokens.
+// for row m of expert e, in float32 with one rounding to D. jax_gmma.ragged_dot feeds it the
+// exact bfloat16 form of block-scaled experts whose scales Hopper's tensor cores cannot apply per
+// 32 of K (MXFP8: an e4m3 element times its power-of-two scale is exact in bfloat16; FP4 / FP6
+// PackedWeight experts unpacked without their float32 global scale, which is alpha_e), so
+// prefill runs on the bf16 tensor cores instead of re-reading each expert's weights per 16
+// tokens.
 //
 // Operands (the contract of cpp/sm90_fp8_gemm_grouped_blockwise.cu without the scales): A (M, K)
 // bfloat16 tokens sorted by expert, K-major; B (G, N, K) bfloat16, the experts back to back;
+// alpha (G,) float32 on the device (GemmArgs::b_global_scale, required: ones for MXFP8);
 // group_sizes (G,) int32 on the device: expert e takes the global rows [end_e - size_e, end_e),
 // end = cumsum(group_sizes), and A's row 0 is global row row_ids[0] (on the device). Rows past
 // the groups' total come out zero; a negative group size makes every row NaN (no expert runs).
@@ -82,11 +85,15 @@ struct Sm90Bf16GroupedGemm : cutlass_host::GroupedHost<Sm90Bf16GroupedGemm<kD, C
   using ProblemShape = cutlass::gemm::GroupProblemShape<Shape<int, int, int>>;
   using ExpertShape = typename ProblemShape::UnderlyingProblemShape;
 
-  // Epilogue: D = cast(acc + bias_e), bias_e from a per-expert pointer array.
+  // Epilogue: D = cast(alpha_e * acc + bias_e): alpha_e read from the (G,) array at the group
+  // index (the tile's L coordinate), bias_e from a per-expert pointer array.
+  using Alpha = cutlass::epilogue::fusion::Sm90ScalarBroadcastPtrArray<float, Stride<_0, _0, int64_t>>;
   using Bias = cutlass::epilogue::fusion::Sm90RowBroadcast<0, Tile, ElD*, float, Stride<_0, _1, _0>, 1>;
   static constexpr auto kRound = cutlass::FloatRoundStyle::round_to_nearest;
+  using Scale = cutlass::epilogue::fusion::Sm90Compute<cutlass::multiplies, float, float, kRound>;
   using Add = cutlass::epilogue::fusion::Sm90Compute<cutlass::plus, ElD, float, kRound>;
-  using Fusion = cutlass::epilogue::fusion::Sm90EVT<Add, cutlass::epilogue::fusion::Sm90AccFetch, Bias>;
+  using Scaled = cutlass::epilogue::fusion::Sm90EVT<Scale, cutlass::epilogue::fusion::Sm90AccFetch, Alpha>;
+  using Fusion = cutlass::epilogue::fusion::Sm90EVT<Add, Scaled, Bias>;
 
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster,
@@ -145,7 +152,10 @@ struct Sm90Bf16GroupedGemm : cutlass_host::GroupedHost<Sm90Bf16GroupedGemm<kD, C
   static Arguments make_arguments(const GemmArgs& g, const Arrays& w, int sms) {
     Arguments args;
     cutlass_host::set_grouped_arguments</*kScales=*/false>(args, g, w, sms);
-    // Fusion = Add(Acc, Bias): children op_0, op_1. A null array means no bias (adds 0).
+    // Fusion = Add(Scale(Acc, Alpha), Bias): children op_0 (its own op_0, op_1), op_1. A null
+    // bias array means no bias (adds 0).
+    args.epilogue.thread.op_0.op_1.scalar_ptrs[0] = g.b_global_scale;
+    args.epilogue.thread.op_0.op_1.dScalar[0] = Stride<_0, _0, int64_t>{_0{}, _0{}, 1};
     args.epilogue.thread.op_1.ptr_row = g.bias ? w.bias : nullptr;
     args.epilogue.thread.op_1.null_default = ElD(0);
     return args;
@@ -154,6 +164,7 @@ struct Sm90Bf16GroupedGemm : cutlass_host::GroupedHost<Sm90Bf16GroupedGemm<kD, C
   static const char* check(const GemmArgs& g) {
     if (const char* msg = cutlass_host::check_grouped_args(g, kAlignD)) return msg;
     if (g.k % kAlignAB) return "K must be a multiple of 8 (TMA: 16-byte rows of A and B)";
+    if (!g.b_global_scale) return "the experts' float32 scales (b_global_scale, (G,)) are required";
     return nullptr;
   }
 

@@ -15,7 +15,7 @@ namespace {
 
 using namespace ffi_common;
 
-enum class Scales { kBlock1d2d, kBlock1d1d, kMx, kRow, kNone, kUnknown };
+enum class Scales { kBlock1d2d, kBlock1d1d, kMx, kRow, kExpert, kUnknown };
 
 Scales scales_of(std::string_view config) {
   auto starts = [&](std::string_view p) { return config.substr(0, p.size()) == p; };
@@ -23,7 +23,7 @@ Scales scales_of(std::string_view config) {
   if (starts("grouped_blockwise_1d1d_")) return Scales::kBlock1d1d;
   if (starts("grouped_mxf8_")) return Scales::kMx;
   if (starts("grouped_fp8_")) return Scales::kRow;
-  if (starts("grouped_bf16_")) return Scales::kNone;
+  if (starts("grouped_bf16_")) return Scales::kExpert;
   return Scales::kUnknown;
 }
 
@@ -35,7 +35,8 @@ Scales scales_of(std::string_view config) {
 //   grouped_mxf8: a_scales, b_scales uint8 E8M0 in the swizzled 128x4-atom layout,
 //     mx_sf_bytes(M, K, 32) and G * mx_sf_bytes(N, K, 32) bytes;
 //   grouped_fp8: a_scales f32 (M,) or (1,), b_scales f32 (G, N) or (G,);
-//   grouped_bf16: a and b bfloat16, no scales (a_scales, b_scales are not read);
+//   grouped_bf16: a and b bfloat16; b_scales f32 (G,), one scale per expert multiplying its
+//     float32 sums before the bias (ones where there is none); a_scales is not read;
 // bias (G, N) in the output dtype (read only when has_bias); group_sizes (G,) int32; row_ids
 // (M,) int32 (row_ids[0]: the global index of row 0). Results: d (M, N) bfloat16 or float32,
 // and the workspace u8 (the per-expert arguments of the prefill kernels, written on the device
@@ -94,7 +95,10 @@ ffi::Error Fp8GroupedGemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuf
       g.a_scale_per_row = as == m && m != 1;
       g.b_scale_per_col = bs == groups * n && n != 1;
       break;
-    case Scales::kNone:
+    case Scales::kExpert:
+      if (b_scales.element_type() != ffi::DataType::F32 || bs != groups)
+        return bad("b_scales (expected float32 (G,): one scale per expert)");
+      g.b_global_scale = static_cast<const float*>(b_scales.untyped_data());
       break;
     case Scales::kUnknown:
       return bad("config must be a grouped_* kernel");

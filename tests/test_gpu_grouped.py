@@ -78,7 +78,8 @@ def run_case(fmt, m, n, k, sizes, *, out_dtype=jnp.bfloat16, bias=False, config=
   s = jnp.asarray(sizes, jnp.int32)
   target = "jax_gmma_weightonly_grouped_gemm" if fmt in PACKED else "jax_gmma_fp8_grouped_gemm"
   text = f.lower(xq, wq, s, b).as_text()
-  assert (kernel or target) in text
+  for needle in kernel if isinstance(kernel, tuple) else (kernel or target,):
+    assert needle in text, needle
   y = np.asarray(f(xq, wq, s, b).astype(jnp.float32), np.float64)
   if b is not None:  # the bias is rounded to the output dtype first
     b = np.asarray(jnp.asarray(b).astype(out_dtype).astype(jnp.float32), np.float64)
@@ -186,11 +187,32 @@ def test_packed_experts_tensor_core(fmt, m, sizes):
 @pytest.mark.parametrize("fmt", ("mxfp4", "mxfp6_e2m3", "mxfp6_e3m2", "nvfp4"))
 @pytest.mark.parametrize("out_dtype", (jnp.bfloat16, jnp.float32))
 def test_packed_experts_bf16_prefill(fmt, out_dtype):
-  # FP4 / FP6 experts averaging 256 rows or more: exact bfloat16 operands through the grouped
-  # bf16 kernel (NVFP4: float32 sums, then its global scale and the bias); K off the 64-K tile
-  # (padded), an empty expert, rows past the total
+  # FP4 / FP6 experts averaging 256 rows or more: the experts unpacked to bfloat16 by one
+  # unpack launch, the grouped bf16 kernel multiplying each expert's float32 sums by its global
+  # scale before the bias; K off the 64-K tile (padded), an empty expert, rows past the total
   run_case(fmt, 1100, 256, 400, (400, 0, 350, 300), out_dtype=out_dtype, bias=True,
-           kernel="grouped_bf16_128x256x64_coop")
+           kernel=("grouped_bf16_128x256x64_coop", "jax_gmma_weightonly_unpack"))
+
+
+@pytest.mark.parametrize("fmt", ("mxfp4", "nvfp4"))
+def test_packed_experts_bf16_prefill_expert_scales(fmt):
+  # experts 2^200 apart (MXFP4: a power-of-two global scale past the kernel's code range; NVFP4:
+  # float32 global scales): the bf16 kernel's epilogue applies each expert's own, checked expert
+  # by expert
+  rng = _rng()
+  scale = np.array([1.0, 2.0 ** 100, 1.0, 2.0 ** -100], np.float32).reshape(4, 1, 1)
+  wq = _weights(fmt, jnp.asarray(rng.standard_normal((4, 256, 256)).astype(np.float32) * scale))
+  x = _x(fmt, rng.standard_normal((1024, 256)).astype(np.float32), None)
+  sizes = (256, 256, 256, 256)
+  f = jax.jit(lambda x, w, s: jax_gmma.ragged_dot(x, w, s, out_dtype=jnp.float32))
+  s = jnp.asarray(sizes, jnp.int32)
+  assert "grouped_bf16_128x256x64_coop" in f.lower(x, wq, s).as_text()
+  y = np.asarray(f(x, wq, s), np.float64)
+  ref = _ref64(x, wq, np.asarray(sizes), None)
+  for e in range(4):
+    rows = slice(256 * e, 256 * (e + 1))
+    err = np.linalg.norm(y[rows] - ref[rows]) / np.linalg.norm(ref[rows])
+    assert err < TOL[jnp.float32], f"{fmt} expert {e}: rel err {err:.3g}"
 
 
 @pytest.mark.parametrize("x_format", ("fp8_channel", "fp8_tensor"))

@@ -58,8 +58,9 @@ def _model(kind, a, b, sa, sb, sizes, row0=0, bias=None):
     xs = np.repeat(sa[:, :m].T, 128, axis=1)[:, :kp]
     ws = [np.repeat(np.repeat(sb[e][:, :rows_b].T, row_block, axis=0)[:n], 128, axis=1)[:, :kp]
           for e in range(g)]
-  elif kind == "bf16":  # no scales: the operands are the exact bfloat16 products
-    xs, ws = np.ones((m, 1)), [np.ones((n, 1))] * g
+  elif kind == "bf16":  # the operands are the exact bfloat16 products; one scale per expert
+    assert sb.shape == (g,) and sb.dtype == np.float32
+    xs, ws = np.ones((m, 1)), [np.full((n, 1), np.float64(sb[e])) for e in range(g)]
   elif kind == "mxf8":
     assert sa.dtype == np.uint8 and sb.dtype == np.uint8
     per = sb.size // g
@@ -107,15 +108,16 @@ def test_mxfp8_prefill_operands_are_exact_bf16():
     w = jnp.asarray(rng.standard_normal((G, N, k)) * (1 + np.arange(G)).reshape(G, 1, 1), jnp.float32)
     wq = jax_gmma.quantize(w, "mxfp8")
     xq = jax_gmma.quantize(jnp.asarray(rng.standard_normal((M, k)), jnp.float32), "mxfp8")
-    a, b, _, _ = grouped.kernel_operands(xq, wq, "bf16")
+    a, b, sa, sb = grouped.kernel_operands(xq, wq, "bf16")
     assert a.dtype == jnp.bfloat16 and b.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(sb), np.ones(G, np.float32))  # no expert scales
     kp = wq.data.shape[-1]
     assert a.shape == (M, kp) and b.shape == (G, N, kp) and kp % gc.K_BLOCK == 0
     np.testing.assert_array_equal(np.asarray(a[:, :k], np.float32), np.asarray(xq.dequantize(), np.float32))
     np.testing.assert_array_equal(np.asarray(b[..., :k], np.float32), np.asarray(wq.dequantize(), np.float32))
     assert not np.asarray(a[:, k:], np.float32).any() and not np.asarray(b[..., k:], np.float32).any()
     sizes = np.array([7, 0, 11, 3])
-    got = _model("bf16", a, b, None, None, sizes)
+    got = _model("bf16", a, b, sa, sb, sizes)
     ref = np.asarray(jax_gmma.ragged_dot(xq, wq, jnp.asarray(sizes, jnp.int32), out_dtype=jnp.float32),
                      np.float64)
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-6
@@ -144,55 +146,38 @@ def test_per_row_experts_as_block_scales(fmt, x_format):
     assert not got[sizes.sum():].any()
 
 
-@pytest.mark.parametrize("fmt", ("mxfp4", "mxfp6_e2m3", "mxfp6_e3m2"))
-def test_packed_prefill_operands_are_exact_bf16(fmt):
-  """MX PackedWeight experts at prefill: the experts dequantized to bfloat16 exactly, x in
-  bfloat16, both padded with zeros to the packed K; the bf16 kernel's contract gives the
-  reference's result."""
+@pytest.mark.parametrize("fmt", ("mxfp4", "mxfp6_e2m3", "mxfp6_e3m2", "nvfp4"))
+def test_packed_prefill_operands(fmt):
+  """PackedWeight experts at prefill: b holds element times block scale (exact in bfloat16,
+  without the global scale: one unpack launch for every expert), x in bfloat16, both padded with
+  zeros to the packed K, the global scales as the (G,) b_scales; the kernel's contract (float32
+  sums times the expert's scale, plus its bias) gives the reference's result, also for a shard
+  of the rows."""
   k = 200  # packed K: 256
-  rng = np.random.default_rng(3)
-  w = jnp.asarray(rng.standard_normal((G, 32, k)) * (1 + np.arange(G)).reshape(G, 1, 1), jnp.float32)
-  wp = jax.vmap(lambda e: jax_gmma.weightonly.prepare(e, fmt))(w)
-  x = jnp.asarray(rng.standard_normal((M, k)), jnp.bfloat16)
-  a, b, _, _ = grouped.packed_bf16_operands(x, wp)
-  assert a.dtype == jnp.bfloat16 and b.dtype == jnp.bfloat16 and a.shape == (M, 256) and b.shape == (G, 32, 256)
-  np.testing.assert_array_equal(np.asarray(b[..., :k], np.float32), np.asarray(grouped.dequantized_w(wp)))
-  assert not np.asarray(b[..., k:], np.float32).any() and not np.asarray(a[:, k:], np.float32).any()
-  sizes = np.array([7, 0, 11, 3])
-  got = _model("bf16", a, b, None, None, sizes)
-  ref = np.asarray(jax_gmma.ragged_dot(x, wp, jnp.asarray(sizes, jnp.int32), out_dtype=jnp.float32),
-                   np.float64)
-  assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-6
-
-
-def test_nvfp4_prefill_operands_and_rescale():
-  """NVFP4 PackedWeight experts at prefill: b holds element times e4m3 block scale (exact in
-  bfloat16, without the float32 global scale); the kernel's float32 sums times each row's
-  expert's global scale plus its bias give the reference's result, zero past the groups, also
-  for a shard of the rows."""
-  k = 200
   rng = np.random.default_rng(5)
   w = jnp.asarray(rng.standard_normal((G, 32, k)) * (1 + np.arange(G)).reshape(G, 1, 1), jnp.float32)
-  wp = jax.vmap(lambda e: jax_gmma.weightonly.prepare(e, "nvfp4"))(w)
-  assert len(set(np.asarray(wp.global_scale).ravel().tolist())) == G  # one float32 scale per expert
+  if fmt == "mxfp4":  # block scales past the kernel's code range: a power-of-two global scale
+    w = w * jnp.asarray([1.0, 2.0 ** 100, 1.0, 2.0 ** -100]).reshape(G, 1, 1)
+  wp = jax.vmap(lambda e: jax_gmma.weightonly.prepare(e, fmt))(w)
+  if fmt in ("mxfp4", "nvfp4"):  # global scales that are not all one
+    assert len(set(np.asarray(wp.global_scale).ravel().tolist())) > 1
   x = jnp.asarray(rng.standard_normal((M, k)), jnp.bfloat16)
   bias = jnp.asarray(rng.standard_normal((G, 32)), jnp.float32)
-  a, b, _, _ = grouped.packed_bf16_operands(x, wp)
+  ops = jax.jit(grouped.packed_bf16_operands)
+  assert str(jax.make_jaxpr(ops)(x, wp)).count("weightonly_unpack") == 1
+  a, b, sa, sb = ops(x, wp)
+  assert a.dtype == jnp.bfloat16 and b.dtype == jnp.bfloat16 and a.shape == (M, 256) and b.shape == (G, 32, 256)
+  np.testing.assert_array_equal(np.asarray(sb), np.asarray(wp.global_scale).reshape(G))
   unit = jax.tree.unflatten(jax.tree.structure(wp), [wp.packed, wp.scales, jnp.ones_like(wp.global_scale)])
   np.testing.assert_array_equal(np.asarray(b[..., :k], np.float32), np.asarray(grouped.dequantized_w(unit)))
-  assert not np.asarray(b[..., k:], np.float32).any()
+  assert not np.asarray(b[..., k:], np.float32).any() and not np.asarray(a[:, k:], np.float32).any()
   sizes = np.array([7, 0, 11, 3])
   gs = jnp.asarray(sizes, jnp.int32)
   ref = np.asarray(jax_gmma.ragged_dot(x, wp, gs, bias=bias, out_dtype=jnp.float32), np.float64)
   for row0, rows in ((0, M), (10, 8)):
-    acc = _model("bf16", a[row0:row0 + rows], b, None, None, sizes, row0=row0)
-    got = np.asarray(grouped.rescaled_rows(jnp.asarray(acc, jnp.float32), wp.global_scale, bias, gs,
-                                           jnp.arange(row0, row0 + rows, dtype=jnp.int32)), np.float64)
+    got = _model("bf16", a[row0:row0 + rows], b, sa, sb, sizes, row0=row0, bias=np.asarray(bias, np.float64))
     want = ref[row0:row0 + rows]
     assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-6
-  tail = np.asarray(grouped.rescaled_rows(jnp.ones((3, 32), jnp.float32), wp.global_scale, bias, gs,
-                                          jnp.arange(21, 24, dtype=jnp.int32)))
-  assert not tail.any()  # rows past the groups: zero, no bias
 
 
 def test_packed_bf16_rule():

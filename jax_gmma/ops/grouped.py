@@ -51,8 +51,9 @@ its scale applied in the epilogue), the weights widened in registers, the same e
 mma.sync decode kernel (8 / 16 tokens per tile) while the expert slots average at most 16 rows,
 the tensor-core one (the widened weights as wgmma's register operand, 64 / 128 tokens per tile)
 from 17. With a float x and 256 rows or more per expert they take the exact bfloat16 route of
-MXFP8 (an element times its block scale is exact in bfloat16; NVFP4's float32 global scale
-multiplies the kernel's float32 sums per row, :func:`rescaled_rows`).
+MXFP8 (an element times its block scale is exact in bfloat16): the experts unpacked to bfloat16
+by one launch of the weight-only unpack kernel without their global scales, which the grouped
+bf16 GEMM's epilogue multiplies into each expert's float32 sums.
 
 On Blackwell (sm_100a, compute capability 10.0) MXFP8, NVFP4 and MXFP4 experts given as a
 QuantizedArray (x quantized on the fly to the same format: block scales on both operands, NVFP4's
@@ -374,38 +375,23 @@ def block_scaled_operands(x: QuantizedArray, w: QuantizedArray):
 
 def packed_bf16_operands(x, w: PackedWeight):
   """(a, b, a_scales, b_scales) of the bf16 prefill route of PackedWeight experts (each element
-  times its block scale is exact in bfloat16): x in bfloat16 and the experts dequantized to
-  bfloat16, both with K padded with zeros to the experts' padded K; no scales. MX experts'
-  power-of-two global scales are in b (exact); NVFP4's float32 ones are not
-  (:data:`grouped_configs.GLOBAL_SCALED_FORMATS`: :func:`rescaled_rows` applies them)."""
-  if w.format in grouped_configs.GLOBAL_SCALED_FORMATS:
-    w = jax.tree.unflatten(jax.tree.structure(w), [w.packed, w.scales, jnp.ones_like(w.global_scale)])
-  return _bf16_operands(x.astype(jnp.bfloat16), dequantized_w(w, jnp.bfloat16),
-                        _packed_k(jax.tree.structure(w)))
+  times its block scale is exact in bfloat16): x in bfloat16, padded with zeros to the experts'
+  padded K, the experts unpacked to bfloat16 in one pass (:func:`weightonly.unpack`: one launch
+  for all of them) without their global scales, and those (G,) float32 as b_scales (the kernel
+  multiplies each expert's float32 sums by its own)."""
+  b = jax.vmap(functools.partial(weightonly.unpack, dtype=jnp.bfloat16))(w)
+  return _bf16_operands(x.astype(jnp.bfloat16), b, _packed_k(jax.tree.structure(w)),
+                        w.global_scale.astype(_F32).reshape(-1))
 
 
-def rescaled_rows(acc, global_scale, bias, group_sizes, row_ids):
-  """float32 (M, N) sums of the bf16 route of NVFP4 experts -> times each row's expert's global
-  scale, plus its bias (None: none), in float32 (the weight-only kernel's epilogue). Rows outside
-  every group stay zero (``row_ids``: the rows' indices in the whole operand)."""
-  end = jnp.cumsum(group_sizes.astype(jnp.int32))
-  expert = jnp.searchsorted(end, row_ids.astype(jnp.int32), side="right")
-  inside = (expert < end.shape[0]) & (row_ids >= 0)
-  expert = jnp.minimum(expert, end.shape[0] - 1)
-  scale = jnp.where(inside, global_scale.astype(_F32).reshape(-1)[expert], 0.0)
-  out = acc * scale[:, None]
-  if bias is not None:
-    out = out + jnp.where(inside[:, None], bias.astype(_F32)[expert], 0.0)
-  return out
-
-
-def _bf16_operands(a, b, k: int):
-  """The bf16 kernel's operands: a (M, K') and b (G, N, K') padded with zeros to K = ``k``, and
-  the two unread scale placeholders."""
+def _bf16_operands(a, b, k: int, b_scales=None):
+  """The bf16 kernel's operands: a (M, K') and b (G, N, K') padded with zeros to K = ``k``, an
+  unread a_scales placeholder and the experts' (G,) float32 scales (ones: None)."""
   a = jnp.pad(a, ((0, 0), (0, k - a.shape[-1])))
   b = jnp.pad(b, ((0, 0), (0, 0), (0, k - b.shape[-1])))
-  none = jnp.zeros((1,), _F32)
-  return a, b, none, none
+  if b_scales is None:
+    b_scales = jnp.ones((b.shape[0],), _F32)
+  return a, b, jnp.zeros((1,), _F32), b_scales
 
 
 def packed_operands(x, w: PackedWeight):
@@ -516,20 +502,12 @@ def _kernel(ctx, *args, x_tree, w_tree, fmt, n, out_dtype, has_bias):
   # float16 output: the float32 kernel, then one rounding (as the dense families)
   kernel_out = np.dtype(_F32) if np.dtype(out_dtype) == shapes.F16 else np.dtype(out_dtype)
   sm_count = int(_backend.first_cuda_device().core_count)
-  # NVFP4 experts on the bf16 route: the kernel writes float32 sums without bias, then their
-  # global scale and the bias (rescaled_rows)
-  global_scaled = packed and fmt in grouped_configs.GLOBAL_SCALED_FORMATS
-  route_out = np.dtype(_F32) if global_scaled else kernel_out
-  bf16_route = (_packed_plan(problem, x_tree, w_tree, route_out, sm_count, has_bias and not global_scaled)
-                if packed else None)
+  bf16_route = _packed_plan(problem, x_tree, w_tree, kernel_out, sm_count, has_bias) if packed else None
   if not packed:
     kind, name, ws = _plan(problem, kernel_out, sm_count, has_bias)
   elif bf16_route is not None:
     kind, (name, ws) = "bf16", bf16_route
   weightonly_kernel = packed and bf16_route is None
-  rescale = global_scaled and bf16_route is not None
-  if rescale:
-    kernel_out = route_out
   nx, nw = x_tree.num_leaves, w_tree.num_leaves
   out_shape = jax.ShapeDtypeStruct((problem.m, n), kernel_out)
 
@@ -537,8 +515,7 @@ def _kernel(ctx, *args, x_tree, w_tree, fmt, n, out_dtype, has_bias):
     x = jax.tree.unflatten(x_tree, leaves[:nx])
     w = jax.tree.unflatten(w_tree, leaves[nx:nx + nw])
     group_sizes, bias, row_ids = leaves[nx + nw:]
-    kernel_bias = has_bias and not rescale
-    bias_in = bias.astype(kernel_out) if kernel_bias else jnp.zeros((1,), kernel_out)
+    bias_in = bias.astype(kernel_out) if has_bias else jnp.zeros((1,), kernel_out)
     sizes, rows = group_sizes.astype(jnp.int32), row_ids.astype(jnp.int32)
     if weightonly_kernel:
       x2, xs, has_xs, w_global = packed_operands(x, w)
@@ -553,9 +530,7 @@ def _kernel(ctx, *args, x_tree, w_tree, fmt, n, out_dtype, has_bias):
       ws_shape = jax.ShapeDtypeStruct((max(int(ws), 16),), np.uint8)
       out = jax.ffi.ffi_call(_backend.FP8_GROUPED_GEMM_TARGET, (out_shape, ws_shape))(
           a, b, sa, sb, bias_in, sizes, rows, config=name, sm_count=np.int32(sm_count),
-          has_bias=bool(kernel_bias))[0]
-      if rescale:
-        out = rescaled_rows(out, w.global_scale, bias if has_bias else None, sizes, rows)
+          has_bias=bool(has_bias))[0]
     return out.astype(out_dtype)
 
   return mlir.lower_fun(lowered, multiple_results=False)(ctx, *args)

@@ -76,16 +76,12 @@ PREFILL_128_MIN_ROWS = 256
 #: PackedWeight formats whose element times its block scale is exact in bfloat16 (an e2m1 /
 #: e2m3 / e3m2 element times a power-of-two E8M0 scale; NVFP4's e2m1 times its e4m3 scale has at
 #: most 6 significant bits), and the experts' average rows from which they take the bf16 prefill
-#: kernel (:func:`packed_takes_bf16`): the route first dequantizes every expert (about 1.2 ms
-#: for 32 x 2880 x 2880 FP4 weights on an H100, against 0.1-0.23 ms for the weight-only kernel
-#: at 16-32 rows per expert; docs/performance.md)
+#: kernel (:func:`packed_takes_bf16`). The route first unpacks every expert to bfloat16 (the
+#: weight-only unpack kernel, one launch); the kernel's epilogue multiplies each expert's float32
+#: sums by its global scale. Below the threshold the weight-only kernel reads the packed experts
+#: directly (docs/performance.md)
 WEIGHTONLY_BF16_FORMATS = ("mxfp4", "mxfp6_e2m3", "mxfp6_e3m2", "nvfp4")
 WEIGHTONLY_BF16_MIN_ROWS = 256
-#: the formats among them whose per-expert global scale is a float32 number (not exact in
-#: bfloat16): the bf16 kernel writes float32 sums, which are multiplied by the row's expert's
-#: global scale (and its bias added) before the one rounding to the output dtype, as the
-#: weight-only kernel applies it
-GLOBAL_SCALED_FORMATS = ("nvfp4",)
 #: the kernels' contraction block: K must be a multiple of it
 K_BLOCK = 32
 #: most experts a launch takes (one grid row per expert slot, CUDA's 65535 grid rows)
@@ -219,11 +215,11 @@ def select_config(problem: GroupedProblem, sm_count: int) -> str:
 def packed_takes_bf16(problem: GroupedProblem, x_is_float: bool) -> bool:
   """Whether FP4 / FP6 experts (a PackedWeight) take the exact bfloat16 route at prefill instead
   of the grouped weight-only kernel: formats whose elements times their block scales are exact
-  in bfloat16 (:data:`WEIGHTONLY_BF16_FORMATS`; NVFP4's float32 global scale is applied to the
-  float32 sums, :data:`GLOBAL_SCALED_FORMATS`), a float x (an FP8 x with its own scale stays on
-  the weight-only kernel, which applies that scale in float32), and experts averaging at least
-  WEIGHTONLY_BF16_MIN_ROWS rows: the route first writes every expert's weights out in
-  bfloat16, a cost that only many tokens per expert repay."""
+  in bfloat16 (:data:`WEIGHTONLY_BF16_FORMATS`; the kernel applies the global scales to the
+  float32 sums), a float x (an FP8 x with its own scale stays on the weight-only kernel, which
+  applies that scale in float32), and experts averaging at least WEIGHTONLY_BF16_MIN_ROWS rows:
+  the route first writes every expert's weights out in bfloat16, a cost that only many tokens
+  per expert repay."""
   avg = problem.m / max(min(problem.g, problem.m), 1)
   return problem.fmt in WEIGHTONLY_BF16_FORMATS and x_is_float and avg >= WEIGHTONLY_BF16_MIN_ROWS
 
