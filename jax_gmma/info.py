@@ -72,7 +72,8 @@ def grouped_path(devs) -> str:
   if dev is None:
     return "pure-JAX reference (opted in)"
   target, wo = _backend.FP8_GROUPED_GEMM_TARGET, _backend.WEIGHTONLY_GROUPED_GEMM_TARGET
-  for t in (target, wo):
+  unpack = _backend.WEIGHTONLY_UNPACK_TARGET
+  for t in (target, wo, unpack):
     if t not in _registrations():
       return f"ERROR: the built library has no {t} handler (an older library); rebuild it"
   return (f"CUDA kernels (sm90a): {' / '.join(grouped_configs.KINDS)} experts weight streaming "
@@ -83,7 +84,8 @@ def grouped_path(devs) -> str:
           f"{', '.join(grouped_configs.BF16_PREFILL_CONFIGS)}); "
           f"{' / '.join(grouped_configs.WEIGHTONLY_FORMATS)} experts weight streaming (XLA FFI {wo}), "
           f"{' / '.join(grouped_configs.WEIGHTONLY_BF16_FORMATS)} ones with a float x from "
-          f"{grouped_configs.WEIGHTONLY_BF16_MIN_ROWS} rows per expert as exact bf16 operands")
+          f"{grouped_configs.WEIGHTONLY_BF16_MIN_ROWS} rows per expert as exact bf16 operands "
+          f"(unpacked by XLA FFI {unpack}, all experts in one launch)")
 
 
 def _registrations() -> dict:
