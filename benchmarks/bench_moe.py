@@ -6,6 +6,7 @@ GEMMs, one process, one GPU.
     python3 -P benchmarks/bench_moe.py [--presets deepseek-v3,qwen3-30b-a3b,...] [--out DIR]
     python3 -P benchmarks/bench_moe.py --quick --out DIR        # tiny shapes, < 1 min on a CPU
     python3 -P benchmarks/bench_moe.py --render-only --out DIR  # re-render DIR's JSON (md + PNG)
+    python3 -P benchmarks/bench_moe.py --merge DIR1,DIR2 --out DIR  # several runs as one report
 
 Writes DIR/bench_moe.json (every cell: metadata, measurements, checks, reasons), DIR/bench_moe.md
 (one table per preset and phase, also printed) and DIR/bench_moe.png (speed relative to
@@ -130,6 +131,7 @@ import dataclasses  # noqa: E402
 import datetime  # noqa: E402
 import functools  # noqa: E402
 import gc  # noqa: E402
+import json  # noqa: E402
 import math  # noqa: E402
 import platform  # noqa: E402
 import time  # noqa: E402
@@ -1014,6 +1016,10 @@ def plot(path, rows):
 
 def parse_args(argv=None):
   p = report_parser(__doc__, NAME)
+  p.add_argument("--merge", type=list_arg(str), default=None, metavar="DIR,DIR,...",
+                 help="measure nothing: these runs' reports (DIR/bench_moe.json, one device kind) "
+                      "as one report in OUT, a later run's cell replacing an earlier one's, the "
+                      "ratios recomputed")
   p.add_argument("--quick", action="store_true",
                  help=f"the tiny preset, T = {QUICK_DECODE_TOKENS[0]} (decode) and "
                       f"{QUICK_PREFILL_TOKENS[0]} (prefill), {QUICK_LAYERS}-layer decode chains, "
@@ -1069,10 +1075,61 @@ def parse_args(argv=None):
   return a
 
 
+def _out_dir_hidden(argv):
+  """A run's command line with its output directory written DIR (where it wrote is not part of
+  what it measured)."""
+  if not argv:
+    return argv
+  return [("DIR" if i and argv[i - 1] in ("--out", "--report") else a) for i, a in enumerate(argv)]
+
+
+def merged(datas):
+  """Several runs' reports as one: rows keyed by (preset, phase, tokens, routing, impl), a later
+  run's row replacing an earlier one's; rows ordered by preset, then by impl within the preset,
+  as they first appear; the ratios recomputed per preset; the first run's metadata, with each
+  run's command line, date, wall time and completeness under ``runs``. Raises ValueError for
+  runs on different device kinds (their ratios would mix devices)."""
+  kinds = list(dict.fromkeys(d["meta"]["device_kind"] for d in datas))
+  if len(kinds) > 1:
+    raise ValueError(f"bench_moe --merge: the runs must be on one device kind, got {', '.join(kinds)}")
+  by_key = {}
+  for d in datas:
+    for r in d["rows"]:
+      by_key[(r["preset"], r["phase"], r["tokens"], r["routing"], r["impl"])] = dict(r)
+  presets = list(dict.fromkeys(k[0] for k in by_key))
+  impls = {p: list(dict.fromkeys(k[4] for k in by_key if k[0] == p)) for p in presets}
+  rows = sorted(by_key.values(),
+                key=lambda r: (presets.index(r["preset"]), impls[r["preset"]].index(r["impl"])))
+  for p in presets:
+    add_ratios([r for r in rows if r["preset"] == p])
+  meta = {k: v for k, v in datas[0]["meta"].items() if k != "argv"}
+  meta.update(presets=presets, complete=all(d["meta"].get("complete", True) for d in datas),
+              runs=[dict(argv=_out_dir_hidden(d["meta"].get("argv")), date=d["meta"]["date"],
+                         wall_s=d["meta"].get("wall_s"), complete=d["meta"].get("complete", True))
+                    for d in datas],
+              wall_s=round(sum(d["meta"].get("wall_s") or 0 for d in datas), 1))
+  notes = list(dict.fromkeys(n for d in datas for n in d["notes"]))
+  failures = list(dict.fromkeys(f for d in datas for f in d["failures"]))
+  return dict(meta=meta, rows=rows, notes=notes, failures=failures)
+
+
 def main(argv=None) -> int:
   args = parse_args(argv)
   if args.render_only:
     return render_only(args, NAME, markdown, plot)
+  if args.merge:
+    datas = []
+    for d in args.merge:
+      with open(os.path.join(d, NAME + ".json")) as f:
+        datas.append(json.load(f))
+    try:
+      data = merged(datas)
+    except ValueError as e:
+      print(e, file=sys.stderr)
+      return 2
+    md, _ = write_report(args.out, NAME, data, markdown, plot, args.no_plot)
+    print(md)
+    return 0
   run = Run(args)
   if not run.on_gpu and set(args.presets) - {"tiny"}:
     print(f"bench_moe: presets {', '.join(sorted(set(args.presets) - {'tiny'}))} need a CUDA GPU "

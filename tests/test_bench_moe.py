@@ -99,6 +99,41 @@ def test_render_only_rewrites_the_report(quick, tmp_path):
   assert (tmp_path / "bench_moe.md").read_text() == (out / "bench_moe.md").read_text()
 
 
+def test_merge_joins_runs_into_one_report(quick, tmp_path):
+  """--merge: a run split in two by impl (one cell measured in both, the later one kept) merges
+  back into the same report; runs on different device kinds are refused."""
+  out, data, _ = quick
+  impls = list(dict.fromkeys(r["impl"] for r in data["rows"]))
+  halves = (impls[:len(impls) // 2 + 1], impls[len(impls) // 2:])
+  dirs = []
+  for i, part in enumerate(halves):
+    d = tmp_path / f"run{i}"
+    d.mkdir()
+    rows = [{k: v for k, v in r.items() if not k.startswith("vs_") and k != "best_xla_fp8"}
+            for r in data["rows"] if r["impl"] in part]  # the ratios: recomputed by the merge
+    if i == 0:  # the shared impl's cells, measured differently in the earlier run
+      rows = [dict(r, median_us=r["median_us"] * 3) if r["impl"] == part[-1] and r.get("median_us")
+              else r for r in rows]
+    meta = dict(data["meta"], wall_s=1.5)
+    (d / "bench_moe.json").write_text(json.dumps(dict(data, meta=meta, rows=rows)))
+    dirs.append(str(d))
+  merged_dir = tmp_path / "merged"
+  r = subprocess.run([sys.executable, "-P", SCRIPT, "--merge", ",".join(dirs), "--out", str(merged_dir),
+                      "--no-plot"], env=_env(), capture_output=True, text=True, timeout=120)
+  assert r.returncode == 0, r.stderr[-2000:]
+  got = json.loads((merged_dir / "bench_moe.json").read_text())
+  assert got["rows"] == data["rows"]  # order, the later run's cell, the recomputed ratios
+  assert got["meta"]["wall_s"] == 3.0 and len(got["meta"]["runs"]) == 2 and "argv" not in got["meta"]
+  assert (merged_dir / "bench_moe.md").read_text() == (out / "bench_moe.md").read_text()
+  other = tmp_path / "other"
+  other.mkdir()
+  (other / "bench_moe.json").write_text(json.dumps(dict(data, meta=dict(data["meta"], device_kind="X"))))
+  r = subprocess.run([sys.executable, "-P", SCRIPT, "--merge", f"{dirs[0]},{other}", "--out",
+                      str(tmp_path / "no"), "--no-plot"], env=_env(), capture_output=True, text=True,
+                     timeout=120)
+  assert r.returncode == 2 and "one device kind" in r.stderr
+
+
 def test_model_presets_need_a_gpu():
   r = subprocess.run([sys.executable, "-P", SCRIPT, "--presets", "mixtral-8x7b", "--out", "/dev/null"],
                      env=_env(), capture_output=True, text=True, timeout=120)
