@@ -14,6 +14,7 @@ from jax import export
 
 import jax_gmma
 from jax_gmma.ops import grouped
+from jax_gmma.ops import grouped_configs as gc
 
 G, N, K, M = 5, 48, 160, 40
 #: group sizes with empty experts (1 and 3) and 8 unassigned rows at the end
@@ -340,3 +341,25 @@ def test_cuda_lowering_calls_the_grouped_weightonly_kernel(fake_hopper, monkeypa
   text = exported.mlir_module()
   assert len(re.findall(r"custom_call @jax_gmma_weightonly_grouped_gemm", text)) == 1
   assert exported.out_avals[0].shape == (M, N)
+
+
+def test_hopper_prefill_kernels_host_checks():
+  """The compiled Hopper prefill kernels' host checks (no GPU needed): every grouped config of
+  the bf16 and block-scaled kinds can run a gpt-oss-20b-sized problem (4096 rows, 32 experts of
+  2880 x 2880) in both output dtypes, with or without bias, from a workspace sized by M, G and
+  the SM count only."""
+  e = jax_gmma._backend.ext()
+  if e is None or not e.cuda_built():
+    pytest.skip("jax_gmma extension not built with CUDA kernels (source tree / no nvcc)")
+  if "sm_90a" not in jax_gmma._backend.built_archs():
+    pytest.skip(f"library built without sm_90a (built: {jax_gmma._backend.built_archs()})")
+  kinds = sorted(set(gc.PREFILL_KIND.values()))
+  assert "bf16" in kinds
+  for kind in kinds:
+    configs = gc.BF16_PREFILL_CONFIGS if kind == "bf16" else gc.PREFILL_CONFIGS
+    el = "bfloat16" if kind == "bf16" else "float8_e4m3fn"
+    for name, d in ((gc.kernel_name(kind, c), d) for c in configs for d in ("bfloat16", "float32")):
+      err, ws = e.check_grouped(name, el, el, d, 4096, 2880, 2880, 32, 132, True)
+      assert err is None, (name, d, err)
+      err2, ws2 = e.check_grouped(name, el, el, d, 4096, 2880, 2880, 32, 132, False)
+      assert err2 is None and ws2 == ws > 0, (name, d, err2)

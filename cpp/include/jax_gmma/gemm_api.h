@@ -74,8 +74,8 @@ struct GemmArgs {
   // index of A's row 0, on the device); rows past the total come out zero. The Blackwell
   // block-scaled grouped kernels ("sm100_grouped_*") take a_sf / b_sf as above (b_sf: the G
   // experts' swizzled tensors back to back) and, for NVFP4, b_global_scale (G,): one per expert.
-  // The grouped bf16 kernels ("grouped_bf16_*") require b_global_scale (G,) too: expert e's
-  // float32 sums are multiplied by it before the bias.
+  // The grouped bf16 kernels ("grouped_bf16_*") take b_global_scale (G,) too: expert e's
+  // float32 sums are multiplied by it before the bias (nullptr: by 1).
   const int32_t* group_sizes = nullptr;
   const int32_t* row_ids = nullptr;
   int64_t groups = 0;
