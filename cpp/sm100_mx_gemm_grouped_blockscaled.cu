@@ -76,6 +76,7 @@
 
 #include "jax_gmma/group_setup.cuh"
 #include "sm1xx_mx_gemm_blockscaled.cuh"
+#include "cutlass_grouped_host.cuh"
 
 namespace jax_gmma::sm100_grouped_mx {
 namespace {
@@ -87,7 +88,6 @@ using sm1xx_mx::NvF4;
 using sm1xx_mx::OutType;
 
 constexpr int kSetupThreads = 256;  // the setup and re-layout kernels' CTA
-constexpr size_t kAlign = cutlass_host::kGroupedAlign;  // workspace regions
 constexpr int64_t kAtomRows = 128;  // rows of one scale-factor atom
 constexpr int64_t kAtomBytes = 512;  // bytes of one atom (128 rows x 4 K blocks)
 constexpr int64_t kKAlign = 32;      // K: the MX scale block, 16 bytes of FP4
@@ -138,7 +138,8 @@ inline int64_t sfa_atoms(int64_t m, int64_t groups) {
 // The kernel for one (A format, B format, D dtype, config).
 // ---------------------------------------------------------------------------------------------
 template <class FA, class FB, DType kD, class Cfg>
-struct Sm100MxGroupedGemm {
+struct Sm100MxGroupedGemm : cutlass_host::GroupedHost<Sm100MxGroupedGemm<FA, FB, kD, Cfg>> {
+  using Host = cutlass_host::GroupedHost<Sm100MxGroupedGemm>;
   static_assert(FA::vec == FB::vec, "A and B must share the scale-vector size");
   using ElA = typename FA::type;
   using ElB = typename FB::type;
@@ -213,14 +214,15 @@ struct Sm100MxGroupedGemm {
     void* cutlass;
   };
 
-  // Carves the arrays for G experts and `atoms` scale atoms of `k_atoms` K-atoms from `base`
-  // (128-byte aligned); returns the offset where CUTLASS's workspace starts (also w->cutlass).
-  // base = 0 sizes them.
-  static size_t carve(uintptr_t base, int64_t groups, int64_t atoms, int64_t k_atoms, Arrays* w) {
-    return cutlass_host::WorkspaceCarver(base, groups)
+  // Carves the arrays for g's G experts and the activations' scale atoms (sfa_atoms of
+  // k_atoms K-atoms each) from `base` (128-byte aligned); returns the offset where CUTLASS's
+  // workspace starts (also w->cutlass). base = 0 sizes them.
+  static size_t carve(const GemmArgs& g, uintptr_t base, Arrays* w) {
+    const int64_t atoms = sfa_atoms(g.m, g.groups);
+    return cutlass_host::WorkspaceCarver(base, g.groups)
         .per_expert(w->shapes, w->a, w->b, w->sfa, w->sfb, w->d, w->bias, w->alpha, w->stride_a,
                     w->stride_b, w->stride_d, w->layout_sfa, w->layout_sfb, w->atom_end, w->src_row)
-        .region(w->sfa_rows, static_cast<size_t>(atoms * k_atoms * kAtomBytes))
+        .region(w->sfa_rows, static_cast<size_t>(atoms * k_atoms(g.k) * kAtomBytes))
         .finish(&w->cutlass);
   }
 
@@ -259,18 +261,6 @@ struct Sm100MxGroupedGemm {
     return args;
   }
 
-  // Carves `w` from `base` for the problem of `g`; returns the arrays' bytes.
-  static size_t carve_for(const GemmArgs& g, uintptr_t base, Arrays* w) {
-    return carve(base, g.groups, sfa_atoms(g.m, g.groups), k_atoms(g.k), w);
-  }
-
-  // Bytes of CUTLASS's workspace for `sms` SMs.
-  static size_t cutlass_workspace(const GemmArgs& g, int sms) {
-    Arrays w;
-    carve(kAlign, g.groups, 1, 1, &w);  // any aligned stand-in address: nothing is dereferenced
-    return GemmKernel::get_workspace_size(make_arguments(g, w, sms));
-  }
-
   // The host checks (no device needed); nullptr when the problem fits the family.
   static const char* check(const GemmArgs& g) {
     if (const char* msg = cutlass_host::check_grouped_args(g, kAlignD)) return msg;
@@ -282,39 +272,21 @@ struct Sm100MxGroupedGemm {
     return nullptr;
   }
 
-  static const char* can_implement(const GemmArgs& g) {
-    if (const char* msg = check(g)) return msg;
-    const int sms = cutlass_host::grouped_sm_count(g);
-    if (sms <= 0) return "no SM count (and no device to ask)";
-    Arrays w;
-    carve(kAlign, g.groups, 1, 1, &w);
-    return cutlass_host::cutlass_can_implement<GemmKernel>(make_arguments(g, w, sms));
-  }
+  // GroupedHost's defaults, widened: the activations' scale regions need M and K too, and TMA
+  // also reads the scale factors (16-byte aligned; the re-layout reads them as 4-byte words).
+  static bool has_work(const GemmArgs& g) { return g.groups >= 1 && g.m >= 1 && g.k >= 1; }
 
-  // From M, G, K and the SM count only (never the group sizes): the arrays, the activations'
-  // scale-factor regions, CUTLASS's workspace and the slack that aligns the start to 128 bytes.
-  static size_t workspace_size(const GemmArgs& g) {
-    if (g.groups < 1 || g.m < 1 || g.k < 1) return 0;
-    Arrays w;
-    const int sms = cutlass_host::grouped_sm_count(g);
-    return kAlign + carve_for(g, 0, &w) + cutlass_workspace(g, sms > 0 ? sms : 1);
+  static uintptr_t tma_addresses(const GemmArgs& g) {
+    return Host::tma_addresses(g) | reinterpret_cast<uintptr_t>(g.a_sf) |
+           reinterpret_cast<uintptr_t>(g.b_sf);
   }
 
   static cudaError_t run(const GemmArgs& g, cudaStream_t stream) {
-    if (check(g)) return cudaErrorInvalidValue;
-    const int sms = cutlass_host::grouped_sm_count(g);
-    if (sms <= 0) return cudaErrorInvalidValue;
-    const uintptr_t base = cutlass_host::grouped_workspace_base(g);
+    // the checks and the carved workspace; 16-byte aligned operands and scale factors (row and
+    // expert offsets keep it: K % 32, N * sizeof(D) % 16, 512-byte atoms)
     Arrays w;
-    const size_t arrays = carve_for(g, base, &w);
-    if (!cutlass_host::grouped_workspace_fits(g, base, arrays, cutlass_workspace(g, sms)))
-      return cudaErrorInvalidValue;
-    // TMA: 16-byte aligned A, B, D and scale factors (row and expert offsets keep it: K % 32,
-    // N * sizeof(D) % 16, 512-byte atoms); the re-layout reads the scale factors as 4-byte words.
-    if ((reinterpret_cast<uintptr_t>(g.a) | reinterpret_cast<uintptr_t>(g.b) |
-         reinterpret_cast<uintptr_t>(g.d) | reinterpret_cast<uintptr_t>(g.a_sf) |
-         reinterpret_cast<uintptr_t>(g.b_sf)) % 16)
-      return cudaErrorMisalignedAddress;
+    int sms = 0;
+    if (cudaError_t err = Host::prepare_run(g, &w, &sms); err != cudaSuccess) return err;
 
     Setup s;
     s.sizes = g.group_sizes;
@@ -348,12 +320,7 @@ struct Sm100MxGroupedGemm {
 
     // 3. The grouped GEMM over the arrays (Params cached per thread, keyed by what they depend
     // on: see the header comment).
-    auto& e = thread_params_cache<GemmKernel>().lookup(g, &cutlass_host::same_grouped_args, [&](auto& entry) {
-      entry.params = GemmKernel::to_underlying_arguments(make_arguments(g, w, sms), w.cutlass);
-      entry.grid = GemmKernel::get_grid_shape(entry.params);
-      entry.needs_workspace_init = false;  // per-SM TMA descriptors, written by the kernel itself
-    });
-    return launch_gemm_kernel<GemmKernel>(e.params, e.grid, stream);
+    return Host::launch(g, w, sms, stream);
   }
 
   static KernelEntry entry(const char* name) {

@@ -129,10 +129,10 @@ struct Sm90Bf16GroupedGemm : cutlass_host::GroupedHost<Sm90Bf16GroupedGemm<kD, C
     void* cutlass;
   };
 
-  // Carves the arrays for G experts from `base` (128-byte aligned); returns the offset where
+  // Carves the arrays for g's G experts from `base` (128-byte aligned); returns the offset where
   // CUTLASS's workspace starts (also w->cutlass). base = 0 sizes them.
-  static size_t carve(uintptr_t base, int64_t groups, Arrays* w) {
-    return cutlass_host::WorkspaceCarver(base, groups)
+  static size_t carve(const GemmArgs& g, uintptr_t base, Arrays* w) {
+    return cutlass_host::WorkspaceCarver(base, g.groups)
         .per_expert(w->shapes, w->a, w->b, w->d, w->bias, w->stride_a, w->stride_b, w->stride_d)
         .finish(&w->cutlass);
   }
