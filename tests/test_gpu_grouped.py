@@ -187,7 +187,7 @@ def test_packed_experts_tensor_core(fmt, m, sizes):
 @pytest.mark.parametrize("fmt", ("mxfp4", "mxfp6_e2m3", "mxfp6_e3m2", "nvfp4"))
 @pytest.mark.parametrize("out_dtype", (jnp.bfloat16, jnp.float32))
 def test_packed_experts_bf16_prefill(fmt, out_dtype):
-  # FP4 / FP6 experts averaging 256 rows or more: the experts unpacked to bfloat16 by one
+  # FP4 / FP6 experts averaging more than 128 rows: the experts unpacked to bfloat16 by one
   # unpack launch, the grouped bf16 kernel multiplying each expert's float32 sums by its global
   # scale before the bias; K off the 64-K tile (padded), an empty expert, rows past the total
   run_case(fmt, 1100, 256, 400, (400, 0, 350, 300), out_dtype=out_dtype, bias=True,

@@ -182,8 +182,8 @@ def test_packed_prefill_operands(fmt):
 
 def test_packed_bf16_rule():
   p = lambda m, fmt="mxfp4", g=8: gc.GroupedProblem(m=m, n=4096, k=2048, g=g, fmt=fmt)
-  assert gc.packed_takes_bf16(p(2048), True)                 # 256 rows per expert
-  assert not gc.packed_takes_bf16(p(2040), True)
+  assert gc.packed_takes_bf16(p(1032), True)                 # 129 rows per expert
+  assert not gc.packed_takes_bf16(p(1024), True)             # 128: the weight-only kernel's tile
   assert gc.packed_takes_bf16(p(4096, "nvfp4"), True)        # float32 global scale after the kernel
   assert not gc.packed_takes_bf16(p(4096), False)            # FP8 x: its scale stays in float32
   assert gc.packed_takes_bf16(p(4096, "mxfp6_e3m2"), True)
@@ -244,18 +244,19 @@ def test_config_rule():
   assert gc.select_config(p(15, 4096, 32), 132) == "stream_16x8_kw4"
   assert gc.select_config(p(64, 5760, 32, "fp8_channel"), 132) == "stream_16x16_kw4"
   assert gc.select_config(p(4096, 4096, 8), 132) == "128x128x128_coop"    # 512 rows per expert
-  assert gc.select_config(p(1024, 4096, 8), 132) == "64x128x128_pingpong"  # 128 rows per expert
+  assert gc.select_config(p(768, 4096, 8), 132) == "128x128x128_coop"     # 96 rows per expert
+  assert gc.select_config(p(760, 4096, 8), 132) == "64x128x128_pingpong"  # 95 rows per expert
   assert gc.select_config(p(1024, 4100, 8), 132).startswith("stream_")    # N % 8: no TMA rows
   # mxfp8 experts at prefill: exact bfloat16 operands, the grouped bf16 kernel
   assert gc.select_config(p(4096, 4096, 8, "mxfp8"), 132) == "128x256x64_coop"
-  assert gc.select_config(p(1024, 4096, 8, "mxfp8"), 132) == "64x128x64_pingpong"
+  assert gc.select_config(p(512, 4096, 8, "mxfp8"), 132) == "64x128x64_pingpong"
   assert gc.select_config(p(256, 4096, 8, "mxfp8"), 132) == "stream_16x16_kw4"
   assert gc.kernel_kind("mxfp8", "128x256x64_coop") == "bf16"
   assert gc.kernel_kind("mxfp8", "stream_16x16_kw4") == "mxf8"
   # per-row / per-tensor experts take the 1x128 prefill kernel, a partial last 128-K block
   # included (gpt-oss-20b's K = 2880)
   assert gc.select_config(p(4096, 4096, 8, "fp8_channel"), 132) == "128x128x128_coop"
-  assert gc.select_config(p(1024, 4096, 8, "fp8_tensor"), 132) == "64x128x128_pingpong"
+  assert gc.select_config(p(512, 4096, 8, "fp8_tensor"), 132) == "64x128x128_pingpong"
   assert gc.select_config(gc.GroupedProblem(m=4096, n=4096, k=2880, g=8, fmt="fp8_channel"),
                           132) == "128x128x128_coop"
   assert gc.select_config(p(64, 4096, 8, "fp8_channel"), 132).startswith("stream_")

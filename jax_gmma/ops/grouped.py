@@ -50,7 +50,7 @@ mxfp6_e2m3, mxfp6_e3m2) run the grouped form of the weight-only kernels (FFI cal
 its scale applied in the epilogue), the weights widened in registers, the same expert slots; the
 mma.sync decode kernel (8 / 16 tokens per tile) while the expert slots average at most 16 rows,
 the tensor-core one (the widened weights as wgmma's register operand, 64 / 128 tokens per tile)
-from 17. With a float x and 256 rows or more per expert they take the exact bfloat16 route of
+from 17. With a float x and more than 128 rows per expert they take the exact bfloat16 route of
 MXFP8 (an element times its block scale is exact in bfloat16): the experts unpacked to bfloat16
 by one launch of the weight-only unpack kernel without their global scales, which the grouped
 bf16 GEMM's epilogue multiplies into each expert's float32 sums.

@@ -70,18 +70,21 @@ PREFILL_KIND = {"fp8_128x128": "blockwise_1d2d", "fp8_1x128": "blockwise_1d1d",
 #: to it; per-row / per-tensor experts write ceil(K / 128) blocks, the last one partial)
 PREFILL_K_BLOCK = 128
 #: the experts' average rows from which the block-scaled kinds take the prefill tiles, and the
-#: 128-row tile
+#: 128-row tile (measured on an H100, both kinds, DeepSeek-V3's 2048 x 7168 and Qwen3-30B-A3B's
+#: 1536 x 2048 experts: the 64-row ping-pong tile wins by 5-24% at 64 rows per expert, the
+#: 128-row tile by 14-32% from 96; docs/performance.md)
 PREFILL_MIN_ROWS = 64
-PREFILL_128_MIN_ROWS = 256
+PREFILL_128_MIN_ROWS = 96
 #: PackedWeight formats whose element times its block scale is exact in bfloat16 (an e2m1 /
 #: e2m3 / e3m2 element times a power-of-two E8M0 scale; NVFP4's e2m1 times its e4m3 scale has at
 #: most 6 significant bits), and the experts' average rows from which they take the bf16 prefill
 #: kernel (:func:`packed_takes_bf16`). The route first unpacks every expert to bfloat16 (the
 #: weight-only unpack kernel, one launch); the kernel's epilogue multiplies each expert's float32
 #: sums by its global scale. Below the threshold the weight-only kernel reads the packed experts
-#: directly (docs/performance.md)
+#: directly: up to 128 rows per expert (its largest token tile) it was 7-10% faster than the
+#: route on an H100, from 160 (two token tiles) 13-30% slower (docs/performance.md)
 WEIGHTONLY_BF16_FORMATS = ("mxfp4", "mxfp6_e2m3", "mxfp6_e3m2", "nvfp4")
-WEIGHTONLY_BF16_MIN_ROWS = 256
+WEIGHTONLY_BF16_MIN_ROWS = 129
 #: the kernels' contraction block: K must be a multiple of it
 K_BLOCK = 32
 #: most experts a launch takes (one grid row per expert slot, CUDA's 65535 grid rows)
