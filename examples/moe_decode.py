@@ -133,10 +133,20 @@ def init_master(cfg: Config, seed: int = 0) -> Dict[str, Any]:
 
 
 @functools.partial(jax.jit, static_argnames=("spec",))
+def _quantize_layer(wl, *, spec):
+  """(E, K, N) bf16 experts of one layer -> ``spec`` (moe.quantize_experts on (E, N, K))."""
+  return moe.quantize_experts(jnp.swapaxes(wl, 1, 2), spec)
+
+
 def _quantize_layers(w, *, spec):
-  """(L, E, K, N) bf16 -> the experts of every layer in ``spec`` (moe.quantize_experts on the
-  (E, N, K) weights of one layer at a time): arrays with leading (layer, expert) axes."""
-  return lax.map(lambda wl: moe.quantize_experts(jnp.swapaxes(wl, 1, 2), spec), w)
+  """(L, E, K, N) bf16 -> the experts of every layer in ``spec``: arrays with leading (layer,
+  expert) axes. One layer at a time from Python: a jitted loop over the stacked layers made XLA
+  copy the whole stack first (24 GiB for gpt-oss-20b's gate/up), which with the master did not
+  fit an 80 GB GPU."""
+  per_layer = [_quantize_layer(w[i], spec=spec) for i in range(w.shape[0])]
+  stacked = jax.tree.map(lambda *a: jnp.stack(a), *per_layer)
+  del per_layer
+  return stacked
 
 
 def prepare(master, spec: str):
