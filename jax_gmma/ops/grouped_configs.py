@@ -71,8 +71,8 @@ PREFILL_KIND = {"fp8_128x128": "blockwise_1d2d", "fp8_1x128": "blockwise_1d1d",
 PREFILL_K_BLOCK = 128
 #: the experts' average rows from which the block-scaled kinds take the prefill tiles, and the
 #: 128-row tile (measured on an H100, both kinds, DeepSeek-V3's 2048 x 7168 and Qwen3-30B-A3B's
-#: 1536 x 2048 experts: the 64-row ping-pong tile wins by 5-24% at 64 rows per expert, the
-#: 128-row tile by 14-32% from 96; docs/performance.md)
+#: 1536 x 2048 experts: the 64-row ping-pong tile wins by 1-24% at 64 rows per expert, the
+#: 128-row tile by 14-46% from 96; benchmarks/grouped_routes.py)
 PREFILL_MIN_ROWS = 64
 PREFILL_128_MIN_ROWS = 96
 #: PackedWeight formats whose element times its block scale is exact in bfloat16 (an e2m1 /
@@ -81,8 +81,9 @@ PREFILL_128_MIN_ROWS = 96
 #: kernel (:func:`packed_takes_bf16`). The route first unpacks every expert to bfloat16 (the
 #: weight-only unpack kernel, one launch); the kernel's epilogue multiplies each expert's float32
 #: sums by its global scale. Below the threshold the weight-only kernel reads the packed experts
-#: directly: up to 128 rows per expert (its largest token tile) it was 7-10% faster than the
-#: route on an H100, from 160 (two token tiles) 13-30% slower (docs/performance.md)
+#: directly: up to 128 rows per expert (its largest token tile) it was 5-11% faster than the
+#: route on an H100, from 160 (two token tiles) the route 15-44% faster
+#: (benchmarks/grouped_routes.py)
 WEIGHTONLY_BF16_FORMATS = ("mxfp4", "mxfp6_e2m3", "mxfp6_e3m2", "nvfp4")
 WEIGHTONLY_BF16_MIN_ROWS = 129
 #: the kernels' contraction block: K must be a multiple of it
