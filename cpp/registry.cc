@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "jax_gmma/gemm_api.h"
+#include "jax_gmma/weightonly_api.h"
 #include "jax_gmma_kernel_tus.h"  // generated: JAX_GMMA_KERNEL_TUS(X)
 
 namespace jax_gmma {
@@ -162,6 +163,14 @@ const char* prepare_device(int device) {
       break;
     }
   }
+#if defined(JAX_GMMA_HAVE_SM90)
+  // The weight-only tensor-core kernels (not table entries): their shared-memory opt-in.
+  if (!result)
+    if (cudaError_t err = weightonly_prepare(); err != cudaSuccess) {
+      msg = std::string("weight-only tensor-core kernels: ") + cudaGetErrorString(err);
+      result = msg.c_str();
+    }
+#endif
   cudaSetDevice(prev);
   return result;
 }

@@ -255,6 +255,22 @@ cudaError_t dispatch_grouped(const WoArgs& a, const WoGroups& gr, const WoCta& c
 
 }  // namespace
 
+namespace {
+// The operand rules of the dense and the grouped kernels (not the CTA shape).
+const char* check_operands(const WoArgs& a) {
+  if (a.m < 1 || a.n < 1 || a.k < 1) return "M, N and K must be positive";
+  if (a.n % 16 != 0) return "N must be a multiple of 16";
+  if (a.k % 64 != 0) return "K must be a multiple of 64";
+  if (!a.x || !a.w_packed || !a.w_scales || !a.d) return "null operand";
+  if (reinterpret_cast<uintptr_t>(a.x) % 16 != 0 || reinterpret_cast<uintptr_t>(a.w_packed) % 16 != 0)
+    return "x and w_packed must be 16-byte aligned";
+  if (a.scale != WoScale::kNv16 && a.scale != WoScale::kMx32 && a.scale != WoScale::kMx6E2M3 &&
+      a.scale != WoScale::kMx6E3M2)
+    return "unknown weight format (scale_kind)";
+  return nullptr;
+}
+}  // namespace
+
 WoCta weightonly_grouped_pick(int64_t m, int64_t n, int64_t k, int64_t groups, WoScale scale) {
   // A first rule, not yet measured on grouped problems: from 17 rows an expert slot averages,
   // the tensor-core kernel's pick for them; below, the decode pick for those rows and N times
@@ -279,7 +295,8 @@ WoCta weightonly_grouped_pick(int64_t m, int64_t n, int64_t k, int64_t groups, W
 
 const char* weightonly_grouped_check(const WoArgs& a, const WoGroups& g) {
   if (a.rows_per_cta || a.tokens_per_cta || a.k_warps) return "the grouped kernel picks its CTA shape";
-  if (const char* why = weightonly_check(a)) return why;
+  if (a.x_rows) return "the grouped kernel takes x row-major (x_rows = 0)";
+  if (const char* why = check_operands(a)) return why;
   if (!g.sizes || !g.row_ids || g.count < 1) return "the grouped kernel needs group sizes, row_ids and G >= 1";
   if (g.count > 65534) return "G must be at most 65534";
   const WoCta c = weightonly_grouped_pick(a.m, a.n, a.k, g.count, a.scale);
@@ -353,21 +370,26 @@ WoCta weightonly_decode_pick(int64_t m, int64_t n, int64_t k, WoScale scale) {
 }
 
 WoCta weightonly_tc_pick(int64_t m, int64_t n, int64_t k, WoScale scale) {
-  // Measured on the H200 (NVFP4, kernel alone, weights rotated past L2; every shape of
-  // kWoTcShapes against the mma.sync shapes; measured 2026-12-05): the tensor-core kernel wins
-  // from 33 tokens at N = 28672 x K = 8192 (64 tokens: 91 us against 176 for the best mma.sync
-  // shape) and from 65 tokens at 8192 x 8192 (128: 75 against 95); at 32 tokens, and at 64
-  // tokens with N = 8192, the mma.sync shapes are as fast or faster (8192 x 8192, 64 tokens: 45
-  // against 47). 64-token tiles with two row warp groups (128 rows, 256 threads) beat every
-  // other shape, 128-token tiles included (M = 128: 174 against 206-216 us).
+  // Measured on an H100 (NVFP4, kernel alone, weights rotated past L2; every shape of
+  // kWoTcShapes against the mma.sync shapes; x tiled, activations by bulk copies): from 33
+  // tokens at N >= 16384, from 65 below (8192 x 8192, 64 tokens: 44 us for the mma.sync 32x16
+  // shape against 56 for the best tensor-core one). Up to 64 tokens 64-token tiles, 256 rows
+  // where N gives at least 96 such blocks (28672 x 8192: 88 us against 92 for 128 rows); above,
+  // 128-token tiles, 128 rows where N gives at least 132 blocks, else 64 (128 tokens: 28672 x
+  // 8192 125 us, 8192 x 8192 57, against 179 and 68 for two 64-token tiles).
   (void)k;
   (void)scale;
   WoCta c;
   if (m <= 32 || n % 128 != 0 || n / 128 > 65535) return c;  // none: the decode kernel's shapes
-  if (m <= 64 && n / 16 < 1024) return c;
-  c.tokens = 64;
-  c.rows = 128;
   c.k_warps = 4;
+  if (m <= 64) {
+    if (n / 16 < 1024) return WoCta{};
+    c.tokens = 64;
+    c.rows = n % 256 == 0 && n / 256 >= 96 ? 256 : 128;
+    return c;
+  }
+  c.tokens = 128;
+  c.rows = n / 128 >= 132 ? 128 : 64;
   return c;
 }
 
@@ -381,28 +403,35 @@ WoCta weightonly_resolve(const WoArgs& a) {
   return c;
 }
 
+
 const char* weightonly_check(const WoArgs& a) {
-  if (a.m < 1 || a.n < 1 || a.k < 1) return "M, N and K must be positive";
-  if (a.n % 16 != 0) return "N must be a multiple of 16";
-  if (a.k % 64 != 0) return "K must be a multiple of 64";
-  if (!a.x || !a.w_packed || !a.w_scales || !a.d) return "null operand";
-  if (reinterpret_cast<uintptr_t>(a.x) % 16 != 0 || reinterpret_cast<uintptr_t>(a.w_packed) % 16 != 0)
-    return "x and w_packed must be 16-byte aligned";
-  if (a.scale != WoScale::kNv16 && a.scale != WoScale::kMx32 && a.scale != WoScale::kMx6E2M3 &&
-      a.scale != WoScale::kMx6E3M2)
-    return "unknown weight format (scale_kind)";
+  if (const char* why = check_operands(a)) return why;
   const WoCta c = weightonly_resolve(a);
   if (c.tokens >= 32) {
     if (wo_tc_shape_index(c.rows, c.tokens, c.k_warps) < 0)
       return "no tensor-core kernel for this CTA shape (rows_per_cta, tokens_per_cta, k_warps): see kWoTcShapes";
     if (a.n / 16 * (a.k / 64) > UINT32_MAX) return "weight too large";
     if (a.n / c.rows > 65535) return "N too large (more than 65535 row blocks)";
+    if (a.x_rows < a.m || a.x_rows % c.tokens != 0)
+      return "the tensor-core shapes take x tiled (x_rows: M padded to a multiple of the tokens per CTA)";
+  } else if (a.x_rows) {
+    return "x is tiled (x_rows) but the CTA shape is not a tensor-core one";
   } else if (wo_cta_shape_index(c.rows, c.tokens, c.k_warps) < 0) {
     return "no kernel for this CTA shape (rows_per_cta, tokens_per_cta, k_warps): see kWoCtaShapes";
   }
   if (a.n % c.rows != 0) return "N must be a multiple of rows_per_cta";
   if ((a.m + c.tokens - 1) / c.tokens > 65535) return "M too large";
   return nullptr;
+}
+
+cudaError_t weightonly_prepare() {
+  for (cudaError_t e : {prepare_tc<Fp4Tile<WoScale::kNv16>, float, kWoTcDepth>(),
+                        prepare_tc<Fp4Tile<WoScale::kNv16>, __nv_bfloat16, kWoTcDepth>(),
+                        prepare_tc<Fp4Tile<WoScale::kMx32>, float, kWoTcDepth>(),
+                        prepare_tc<Fp4Tile<WoScale::kMx32>, __nv_bfloat16, kWoTcDepth>(),
+                        weightonly_fp6_prepare()})
+    if (e != cudaSuccess) return e;
+  return cudaSuccess;
 }
 
 cudaError_t weightonly_run(const WoArgs& a, cudaStream_t stream) {

@@ -320,6 +320,16 @@ cudaError_t weightonly_fp6_grouped_run(const WoArgs& a, const WoGroups& g, const
   return cudaErrorInvalidValue;
 }
 
+cudaError_t weightonly_fp6_prepare() {
+  using namespace wo_detail;
+  for (cudaError_t e : {prepare_tc<fp6::Fp6Tile<WoScale::kMx6E2M3>, float, fp6::kWo6TcDepth>(),
+                        prepare_tc<fp6::Fp6Tile<WoScale::kMx6E2M3>, __nv_bfloat16, fp6::kWo6TcDepth>(),
+                        prepare_tc<fp6::Fp6Tile<WoScale::kMx6E3M2>, float, fp6::kWo6TcDepth>(),
+                        prepare_tc<fp6::Fp6Tile<WoScale::kMx6E3M2>, __nv_bfloat16, fp6::kWo6TcDepth>()})
+    if (e != cudaSuccess) return e;
+  return cudaSuccess;
+}
+
 cudaError_t weightonly_fp6_run(const WoArgs& a, const WoCta& c, cudaStream_t stream) {
   if (a.scale == WoScale::kMx6E2M3) return fp6::dispatch_out<WoScale::kMx6E2M3>(a, c, stream);
   if (a.scale == WoScale::kMx6E3M2) return fp6::dispatch_out<WoScale::kMx6E3M2>(a, c, stream);

@@ -57,21 +57,32 @@ WoArgs wo_args(const ffi::AnyBuffer& x, const ffi::AnyBuffer& x_scale, const ffi
   return a;
 }
 
-// Operands: x (M,K) bf16, x_scale f32 (M,) or (1,) (ignored unless has_x_scale), w_packed u8,
-// w_scales u8 (prepared layouts), w_global f32 (1,) (ignored unless has_global), bias (N,) in
-// the output dtype (ignored unless has_bias). Result: d (M,N) bf16 or f32.
+// Operands: x (M,K) bf16, or with x_rows > 0 (the tensor-core shapes) the tiled x: (K / 64,
+// x_rows / 8, 512) bf16 (WoArgs::x_rows), x_scale f32 (M,) or (1,) (ignored unless has_x_scale),
+// w_packed u8, w_scales u8 (prepared layouts), w_global f32 (1,) (ignored unless has_global),
+// bias (N,) in the output dtype (ignored unless has_bias). Result: d (M,N) bf16 or f32.
 ffi::Error WeightOnlyGemmImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer x_scale,
                               ffi::AnyBuffer w_packed, ffi::AnyBuffer w_scales,
                               ffi::AnyBuffer w_global, ffi::AnyBuffer bias,
                               ffi::Result<ffi::AnyBuffer> d, int32_t scale_kind, int32_t rows,
-                              int32_t tokens, int32_t k_warps, bool has_x_scale, bool has_global,
-                              bool has_bias) {
+                              int32_t tokens, int32_t k_warps, int32_t x_rows, bool has_x_scale,
+                              bool has_global, bool has_bias) {
   auto xd = x.dimensions();
   auto dd = d->dimensions();
-  if (xd.size() != 2 || dd.size() != 2) return bad("x and d must be 2-D");
+  if (dd.size() != 2) return bad("d must be 2-D");
   if (x.element_type() != ffi::DataType::BF16) return bad("x must be bfloat16");
-  const int64_t m = xd[0], k = xd[1], n = dd[1];
-  if (dd[0] != m) return bad("shape mismatch");
+  if (x_rows < 0) return bad("x_rows must not be negative");
+  const int64_t m = dd[0], n = dd[1];
+  int64_t k = 0;
+  if (x_rows) {
+    if (xd.size() != 3 || xd[1] * 8 != x_rows || xd[2] != 512)
+      return bad("tiled x must be (K / 64, x_rows / 8, 512)");
+    k = xd[0] * 64;
+  } else {
+    if (xd.size() != 2) return bad("x must be 2-D");
+    if (xd[0] != m) return bad("shape mismatch");
+    k = xd[1];
+  }
   const bool f32 = d->element_type() == ffi::DataType::F32;
   if (!f32 && d->element_type() != ffi::DataType::BF16) return bad("d must be bfloat16 or float32");
   if (const char* why = check_prepared(w_packed, w_scales, scale_kind, n, k)) return bad(why);
@@ -86,6 +97,9 @@ ffi::Error WeightOnlyGemmImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuf
   a.rows_per_cta = rows;
   a.tokens_per_cta = tokens;
   a.k_warps = k_warps;
+  a.x_rows = x_rows;
+  a.m = m;  // (wo_args read them from a row-major x)
+  a.k = k;
 #if !defined(JAX_GMMA_HAVE_SM90)
   (void)stream;
   return bad(kNoSm90);
@@ -217,6 +231,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxGmmaWeightOnlyGemm, jax_gmma::WeightOnlyGemmImp
                                   .Attr<int32_t>("rows")
                                   .Attr<int32_t>("tokens")
                                   .Attr<int32_t>("k_warps")
+                                  .Attr<int32_t>("x_rows")
                                   .Attr<bool>("has_x_scale")
                                   .Attr<bool>("has_global")
                                   .Attr<bool>("has_bias"),

@@ -481,16 +481,20 @@ def test_pick_cta():
   assert wo.pick_cta(16, 28672, 8192, "nvfp4") == (32, 16, 2)
   assert wo.pick_cta(16, 8192, 8192, "nvfp4") == (16, 16, 4)
   assert wo.pick_cta(16, 4096, 14336, "mxfp4") == (16, 16, 8)
-  # the tensor-core kernel (128 rows x 64 tokens) from 33 tokens at N >= 16384, from 65 below
+  # the tensor-core kernel from 33 tokens at N >= 16384, from 65 below: 64-token tiles of 256
+  # rows (128 where N gives fewer than 96 such blocks), 128-token tiles above 64 tokens of 128
+  # rows (64 where N gives fewer than 132 blocks)
   assert wo.pick_cta(17, 28672, 8192, "nvfp4") == (32, 16, 2)
-  assert wo.pick_cta(33, 28672, 8192, "nvfp4") == (128, 64, 4)
+  assert wo.pick_cta(33, 28672, 8192, "nvfp4") == (256, 64, 4)
+  assert wo.pick_cta(64, 16384, 8192, "nvfp4") == (128, 64, 4)
   assert wo.pick_cta(64, 8192, 8192, "nvfp4") == (32, 16, 2)
-  assert wo.pick_cta(65, 8192, 8192, "mxfp4") == (128, 64, 4)
-  assert wo.pick_cta(127, 4096, 14336, "mxfp6_e2m3") == (128, 64, 4)
+  assert wo.pick_cta(65, 8192, 8192, "mxfp4") == (64, 128, 4)
+  assert wo.pick_cta(65, 28672, 8192, "mxfp4") == (128, 128, 4)
+  assert wo.pick_cta(127, 4096, 14336, "mxfp6_e2m3") == (64, 128, 4)
   # N not a multiple of 128, or more than 65535 row blocks: the decode kernel's shapes
   assert wo.pick_cta(100, 16 * 1028, 8192, "nvfp4")[1] == 16
   assert wo.pick_cta(64, 16 * 3, 256, "nvfp4") == (16, 16, 8)
-  assert wo.pick_cta(64, 128 * 65535, 256, "nvfp4") == (128, 64, 4)
+  assert wo.pick_cta(64, 128 * 65535, 256, "nvfp4") == (128, 64, 4)  # odd count of 128-row blocks
   assert wo.pick_cta(64, 256 * 65536, 256, "nvfp4")[1] == 16
   # FP6
   assert wo.pick_cta(1, 28672, 8192, "mxfp6_e2m3") == (16, 8, 8)
@@ -544,6 +548,51 @@ def test_cta_shapes_match_the_kernel_table():
   body = body[:body.index("};")]
   shapes = [tuple(int(v) for v in t) for t in re.findall(r"\{(\d+), (\d+), (\d+)\}", body)]
   assert tuple((64 * wr, nt, 4 * wk) for nt, wr, wk in shapes) == wo.TC_SHAPES
+
+
+def test_tiled_x_layout():
+  """The tensor-core kernel's tiled activations: element 64 c + 8 r + 2 t + e of block (j, g) is
+  x[8 g + r, 64 j + 16 t + 2 c + e], rows past M zero (kernel side: wo_tc_tiled_x)."""
+  m, k, rows = 21, 192, 32
+  x = np.arange(m * k, dtype=np.float32).reshape(m, k) % 251 - 125
+  got = np.asarray(wo.tiled_x(jnp.asarray(x, jnp.bfloat16), rows).astype(jnp.float32))
+  assert got.shape == (k // 64, rows // 8, 512)
+  want = np.zeros_like(got)
+  xp = np.zeros((rows, k), np.float32)
+  xp[:m] = x
+  for j in range(k // 64):
+    for g in range(rows // 8):
+      for c in range(8):
+        for r in range(8):
+          for t in range(4):
+            for e in range(2):
+              want[j, g, 64 * c + 8 * r + 2 * t + e] = xp[8 * g + r, 64 * j + 16 * t + 2 * c + e]
+  np.testing.assert_array_equal(got, want)
+  assert wo.tc_rows(70, 64) == 128 and wo.tc_rows(128, 64) == 128 and wo.tc_rows(1, 32) == 32
+
+
+@pytest.mark.parametrize("tokens", [None, 32, 64, 128])
+def test_cuda_lowering_tiles_x_for_tensor_core_shapes(fake_hopper, monkeypatch, tokens):
+  """The CUDA lowering hands the tensor-core shapes x tiled (x_rows: M padded to the CTA's tokens)
+  and every other shape x row-major (x_rows = 0)."""
+  import re
+  from jax import export
+  monkeypatch.setattr(jax_gmma._backend, "prepare_devices", lambda: None)  # nothing to set up
+  wp = wo.prepare(jnp.asarray(np.random.default_rng(0).standard_normal((256, 200)), jnp.float32), "nvfp4")
+  m = 40 if tokens is None else 70
+  kw = {} if tokens is None else {"rows": 128, "tokens": tokens, "k_warps": 4 if tokens > 32 else 8}
+  f = jax.jit(lambda x: jax_gmma.weightonly_gemm(x, wp, **kw))
+  with jax_gmma.allow_reference(False):
+    text = export.export(f, platforms=("cuda",), disabled_checks=jax_gmma.export_disabled_checks())(
+        jnp.ones((m, 200), jnp.bfloat16)).mlir_module()
+  call = text[text.index("custom_call @jax_gmma_weightonly_gemm"):]
+  call = call[:call.index("\n")]
+  x_rows = int(re.search(r"x_rows = (\d+)", call).group(1))
+  if tokens is None:  # M = 40, N = 256: the mma.sync shapes (pick_tc wants N >= 16384 up to 64)
+    assert x_rows == 0 and "tensor<40x256xbf16>" in call
+  else:
+    assert x_rows == -(-m // tokens) * tokens
+    assert f"tensor<4x{x_rows // 8}x512xbf16>" in call
 
 
 def test_cta_shape_errors():

@@ -10,10 +10,13 @@
 //   asks for W resident warps per SM, capping registers), -DJAX_GMMA_WO_DEPTH=D (even; every FP4
 //   tile, the library's 2-step rule for the 16x8 kw8 tile off).
 //   -DJAX_GMMA_WO_ABLATE=1 / 2 (weightonly_common.cuh: drop MMAs / activation loads, wrong results,
-//   timing only).
+//   timing only); -DJAX_GMMA_WO_TC_ABLATE=1 / 2 / 3 (weightonly_wgmma.cuh, the tensor-core kernel:
+//   drop the register-ring activation traffic / the weight traffic / both; timing only).
 //
 //   ./wo_bench [iters] [format]   # format: nvfp4 (default), mxfp4, mxfp6_e2m3, mxfp6_e3m2, all
 //                                 # prints one line per (format, shape, M, CTA shape): us, GB/s
+//   ./wo_bench one FMT M N K [ROWS TOKENS KWARPS] [ITERS]   # one point (the tensor-core shapes
+//                                 # read an x already tiled, as jax_gmma.weightonly.tiled_x writes it)
 //   ./wo_bench unpack [iters] [format]   # the prefill unpack kernel (weightonly_unpack_run):
 //       first checks bf16 and e4m3 outputs bit-exactly against a host decode of random prepared
 //       bytes (incl. poisoned blocks and extreme row exponents; exit code 1 on a mismatch),
@@ -374,6 +377,11 @@ int run(int argc, char** argv) {
 // Every CTA shape of kWoCtaShapes against the first one on random codes and activations,
 // float32 output (the K sums differ only in order): the max relative difference per shape.
 // Returns the number of shapes over 1e-5.
+// The tensor-core shapes' tiled x rows (M padded to the CTA's tokens), 0 for the others.
+int64_t tiled_rows(int64_t m, const jax_gmma::WoCta& c) {
+  return c.tokens >= 32 ? (m + c.tokens - 1) / c.tokens * c.tokens : 0;
+}
+
 int verify_shapes(jax_gmma::WoScale fmt, const char* name, int64_t n, int64_t k, int m) {
   using namespace jax_gmma;
   const int64_t wbytes = n * k / 1024 * weightonly_tile_bytes(fmt);
@@ -442,13 +450,15 @@ int time_one(int argc, char** argv) {
   const int iters = argc > 9 ? std::atoi(argv[9]) : 200;
   const timing::WeightCopies wc(s, a.n, a.k);
   void *x, *d;
-  CHECK(cudaMalloc(&x, a.m * a.k * 2));
-  CHECK(cudaMemset(x, 0x3f, a.m * a.k * 2));
+  const WoCta c = weightonly_resolve(a);
+  a.x_rows = tiled_rows(a.m, c);  // the tensor-core shapes read x tiled (contents: timing only)
+  const int64_t xbytes = std::max<int64_t>(a.m, a.x_rows) * a.k * 2;
+  CHECK(cudaMalloc(&x, xbytes));
+  CHECK(cudaMemset(x, 0x3f, xbytes));
   CHECK(cudaMalloc(&d, a.m * a.n * 4));
   a.x = x; a.d = d;
   a.w_packed = wc.w[0]; a.w_scales = wc.s[0];
   if (const char* err = weightonly_check(a)) { std::fprintf(stderr, "rejected: %s\n", err); return 2; }
-  const WoCta c = weightonly_resolve(a);
   const double us = timing::us_per_launch(wc, iters, [&](void* w, void* sc) {
     a.w_packed = w; a.w_scales = sc;
     return weightonly_run(a, 0);
@@ -486,8 +496,8 @@ int main(int argc, char** argv) {
     for (const Shape& sh : shapes) {
       const timing::WeightCopies wc(f.s, sh.n, sh.k);
       void *x, *d;
-      CHECK(cudaMalloc(&x, 64 * sh.k * 2));
-      CHECK(cudaMemset(x, 0x3f, 64 * sh.k * 2));
+      CHECK(cudaMalloc(&x, 128 * sh.k * 2));  // M <= 64, or tiled: M padded to <= 128 tokens
+      CHECK(cudaMemset(x, 0x3f, 128 * sh.k * 2));
       CHECK(cudaMalloc(&d, 64 * sh.n * 4));
       for (int m : ms) {
         for (int ti = -1; ti < wo_detail::kWoCtaShapeCount; ++ti) {
@@ -499,6 +509,7 @@ int main(int argc, char** argv) {
           }
           a.scale = f.s;
           a.w_packed = wc.w[0]; a.w_scales = wc.s[0];
+          a.x_rows = tiled_rows(m, weightonly_resolve(a));
           if (weightonly_check(a)) continue;
           const WoCta c = weightonly_resolve(a);
           const double us = timing::us_per_launch(wc, iters, [&](void* w, void* s) {

@@ -121,6 +121,7 @@ import jax
 import jax.export
 import jax.numpy as jnp
 import numpy as np
+from jax.interpreters import mlir
 
 from .. import _backend, _vma, batching, primitive, sharding
 from ..arrays import QuantizedArray
@@ -164,6 +165,8 @@ CTA_SHAPES = (
 TC_SHAPES = (
     (64, 32, 16), (128, 32, 8), (64, 64, 8), (128, 64, 4), (256, 64, 4), (64, 128, 4), (128, 128, 4),
 )
+#: the tensor-core shapes' tokens (their x arrives tiled: :func:`tiled_x`)
+TC_TOKENS = (32, 64, 128)
 ROWS_CHOICES = (16, 32, 64, 128, 256)
 TOKENS_CHOICES = (8, 16, 32, 64, 128)
 K_WARPS_CHOICES = (16, 8, 4, 2)
@@ -897,12 +900,38 @@ def _epilogue(acc, x_scale, bias, *, out_dtype, has_x_scale: bool, has_bias: boo
 
 # -- the primitive ----------------------------------------------------------------------------
 
+def tc_rows(m: int, tokens: int) -> int:
+  """The tensor-core kernel's padded token count: M rounded up to the CTA's tokens."""
+  return -(-m // tokens) * tokens
+
+
+def tiled_x(x, rows: int):
+  """x (M, K) bfloat16 -> the tensor-core kernel's tiled activations (K / 64, rows / 8, 512): per
+  64-K step j and 8 tokens g, the 1 KiB block the kernel copies into shared memory as is, element
+  64 c + 8 r + 2 t + e of block (j, g) = x[8 g + r, 64 j + 16 t + 2 c + e] (the K order of the
+  prepared weight's lanes: lane t of a k16 slice owns K 16 t ..), rows M .. rows - 1 zero
+  (kWoTcShapes' kernel, cpp/include/jax_gmma/weightonly_wgmma.cuh). One XLA transpose, fused
+  into x's producer where XLA can."""
+  m, k = x.shape
+  xp = jnp.pad(x, ((0, rows - m), (0, 0)))
+  return xp.reshape(rows // 8, 8, k // 64, 4, 8, 2).transpose(2, 0, 4, 1, 3, 5).reshape(k // 64, rows // 8, 512)
+
+
 def _gemm_kernel(ctx, x, x_scale, packed, scales, global_scale, bias, *, fmt, n, k, out_dtype,
                  has_x_scale, has_bias, rows, tokens, k_warps):
+  x_rows = 0
+  if tokens in TC_TOKENS:  # the tensor-core shapes take x tiled, M padded to the CTA's tokens
+    x_aval = ctx.avals_in[0]
+    m, kp = x_aval.shape
+    x_rows = tc_rows(int(m), tokens)
+    t_aval = x_aval.update(shape=(kp // 64, x_rows // 8, 512))
+    (x,) = mlir.lower_fun(functools.partial(tiled_x, rows=x_rows), multiple_results=False)(
+        ctx.replace(avals_in=[x_aval], avals_out=[t_aval]), x)
+    ctx = ctx.replace(avals_in=[t_aval, *ctx.avals_in[1:]])
   rule = jax.ffi.ffi_lowering(WEIGHTONLY_TARGET)
   return rule(ctx, x, x_scale, packed, scales, global_scale, bias,
               scale_kind=np.int32(SCALE_KIND[fmt]), rows=np.int32(rows), tokens=np.int32(tokens),
-              k_warps=np.int32(k_warps),
+              k_warps=np.int32(k_warps), x_rows=np.int32(x_rows),
               # every format: MX weights carry a power-of-two global scale (the exact range)
               has_x_scale=bool(has_x_scale), has_global=True, has_bias=bool(has_bias))
 
@@ -1080,14 +1109,19 @@ def pick_cta(m: int, n: int, k: int, fmt: str) -> tuple:
 
 def pick_tc(m: int, n: int) -> Optional[tuple]:
   """The tensor-core kernel's CTA shape, or None where the mma.sync decode shapes are as fast
-  (mirrors weightonly_tc_pick; measured on the H200, NVFP4, kernel alone): 64-token tiles with
-  128 rows from 33 tokens when N >= 16384 (28672 x 8192, 64 tokens: 91 us against 176 for the
-  best mma.sync shape), from 65 tokens otherwise (8192 x 8192, 128 tokens: 75 against 95)."""
+  (mirrors weightonly_tc_pick; measured on an H100, NVFP4, kernel alone, weights rotated past
+  L2): from 33 tokens when N >= 16384, from 65 otherwise; up to 64 tokens 64-token tiles of 256
+  rows where N gives at least 96 of them, else 128 (28672 x 8192, 64 tokens: 88 / 92 us against
+  92 for the best mma.sync shape); above 64 tokens 128-token tiles, 128 rows where N gives
+  at least 132 of them, else 64 (128 tokens: 28672 x 8192 125 us, 8192 x 8192 57, against 179
+  and 68 for two 64-token tiles)."""
   if m <= 32 or n % 128 or n // 128 > MAX_ROW_BLOCKS:
     return None
-  if m <= 64 and n // 16 < 1024:
-    return None
-  return 128, 64, 4
+  if m <= 64:
+    if n // 16 < 1024:
+      return None
+    return (256, 64, 4) if n % 256 == 0 and n // 256 >= 96 else (128, 64, 4)
+  return (128, 128, 4) if n // 128 >= 132 else (64, 128, 4)
 
 
 def resolve_cta(m: int, n: int, k: int, fmt: str, rows=None, tokens=None, k_warps=None) -> tuple:
@@ -1295,6 +1329,9 @@ def _gemm(x, w, *, x_scale, bias, out_dtype, rows, tokens, k_warps, path, who):
   if tokens >= 32 and w.n // rows > MAX_ROW_BLOCKS:
     raise ValueError(f"{who}: the tensor-core kernel takes at most {MAX_ROW_BLOCKS} blocks of "
                      f"{rows} rows; N = {w.n} (use fewer tokens per CTA or more rows)")
+  if path == "kernel" and tokens in TC_TOKENS and not concrete:
+    raise ValueError(f"{who}: tokens = {tokens} (the tensor-core kernel) needs a concrete M, got "
+                     f"x of shape {x.shape} (leave tokens unset under symbolic shapes)")
   if path == "kernel" and concrete and -(-m // tokens) > MAX_TOKEN_TILES:
     raise ValueError(f"{who}: x has M = {m} tokens; path='kernel' takes at most "
                      f"{MAX_TOKEN_TILES * tokens} with {tokens} tokens per CTA (use path='dequant')")

@@ -48,7 +48,7 @@ constexpr int64_t weightonly_scale_bytes(WoScale s) { return s == WoScale::kNv16
 
 struct WoArgs {
   int64_t m = 0, n = 0, k = 0;
-  const void* x = nullptr;          // (M, K) bf16
+  const void* x = nullptr;          // (M, K) bf16, or tiled (x_rows)
   const float* x_scale = nullptr;   // (M,) per-token scale, or nullptr (1)
   const void* w_packed = nullptr;   // prepared e2m1 / FP6 codes
   const void* w_scales = nullptr;   // prepared scale codes
@@ -66,6 +66,11 @@ struct WoArgs {
   int32_t tokens_per_cta = 0;       // 8 or 16 (tensor core: 32, 64, 128)
   int32_t k_warps = 0;              // warps splitting K: 16, 8, 4 or 2 (0: 8 if rows or
                                     // tokens are given, else picked)
+  // The tensor-core shapes (dense, not grouped) take x tiled: (K / 64) x (x_rows / 8) blocks of
+  // 8 tokens x 64 K in the kernel's shared-memory order (wo_tc_tiled_x in weightonly_wgmma.cuh;
+  // jax_gmma.weightonly.tiled_x), rows M .. x_rows - 1 zero, x_rows a multiple of the tokens.
+  // 0: x is row-major (M, K) (the other shapes).
+  int64_t x_rows = 0;
 };
 
 // A CTA shape of the decode kernels.
@@ -77,6 +82,9 @@ struct WoCta {
 const char* weightonly_check(const WoArgs& a);
 // Enqueues the kernel on `stream` (nothing else: no memset, no workspace, no sync).
 cudaError_t weightonly_run(const WoArgs& a, cudaStream_t stream);
+// One-time setup of the current device (the tensor-core kernels' shared-memory opt-in), outside
+// any stream capture; weightonly_run does it on first use where this did not run.
+cudaError_t weightonly_prepare();
 // The CTA shape the kernel picks for (m, n, k) and the weight format when WoArgs leaves it
 // open (mirrored by jax_gmma.weightonly.pick_cta).
 WoCta weightonly_pick(int64_t m, int64_t n, int64_t k, WoScale scale);

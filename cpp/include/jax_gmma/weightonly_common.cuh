@@ -35,6 +35,7 @@ struct WoParams {
   const float* w_global;
   const void* bias;
   void* d;
+  int64_t x_groups;  // the tensor-core kernel's tiled x: 8-token groups per 64-K step
 };
 
 inline WoParams make_params(const WoArgs& a) {
@@ -47,7 +48,8 @@ inline WoParams make_params(const WoArgs& a) {
                   static_cast<const uint8_t*>(a.w_scales),
                   a.w_global,
                   a.bias,
-                  a.d};
+                  a.d,
+                  a.x_rows / 8};
 }
 
 // Weights are read once: no L1 allocation.
@@ -625,5 +627,7 @@ cudaError_t weightonly_fp6_grouped_run(const WoArgs& a, const WoGroups& g, const
                                        cudaStream_t stream);
 // The MXFP6 unpack kernels, called by weightonly_unpack_run once weightonly_unpack_check passed.
 cudaError_t weightonly_fp6_unpack_run(const WoUnpackArgs& a, cudaStream_t stream);
+// The MXFP6 tensor-core kernels' one-time device setup, called by weightonly_prepare.
+cudaError_t weightonly_fp6_prepare();
 
 }  // namespace jax_gmma

@@ -17,24 +17,44 @@
 //    conflict-free (a warp covers 8 tokens x 4 lanes t: 32 distinct banks).
 //  * CTA = WR x WK warp groups: WR row groups of 64 weight rows (they share the activation
 //    tile), WK K phases (interleaved 64-K steps, as the decode kernel's K split). Each K phase
-//    streams its weights D steps ahead in registers, its activations through a 3-stage
-//    shared-memory ring (global -> registers one step ahead -> shared memory), one named
-//    barrier per step. The A fragments are double-buffered: step i's wgmmas run while step
-//    i + 1 is decoded (wait_group 1).
+//    streams its weights D steps ahead in registers. The A fragments are double-buffered: step
+//    i's wgmmas run while step i + 1 is decoded (wait_group 1).
+//  * Activations, dense kernel: x arrives tiled (wo_tc_tiled_x below: per 64-K step, per 8
+//    tokens, the 1 KiB that the shared-memory tile holds), so a stage of NT tokens is one
+//    contiguous bulk copy (cp.async.bulk, no registers), issued by one thread of the K phase
+//    S - 2 steps ahead into a ring of S stages (wo_tc_bulk_stages: 4-6) with a full and an
+//    empty mbarrier each (a warp frees a stage once wait_group has retired its wgmmas). With
+//    row-major x and a 3-stage ring filled through registers (global -> registers one step
+//    ahead -> shared memory, one named barrier per step), the 64-token kernel took 90 us at
+//    64 x 28672 x 8192 on an H100, 70 with the activation traffic compiled out.
+//    Grouped kernel: row-major x through that register ring (an expert's token tiles start at
+//    any row).
 //  * End: the K phases' partial sums are added in phase order through shared memory
 //    (deterministic), times alpha (2^10 w_global x_scale[m]), plus bias, stored. One launch,
 //    no workspace: CUDA-graph safe like the decode kernel.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cute/arch/copy_sm90_tma.hpp>
 #include <cute/arch/mma_sm90_desc.hpp>
 #include <cute/arch/mma_sm90_gmma.hpp>
+#include <cutlass/arch/barrier.h>
 
 #include "jax_gmma/weightonly_common.cuh"
+
+// Measurement hook of benchmarks/kernels/bench_weightonly_kernel.cu (the library never sets it;
+// results are wrong when it is nonzero): bit 1 = the register-ring activations (the grouped
+// kernel's) are loaded and stored for the first two steps only (later steps multiply stale
+// stages: no L2 activation traffic), bit 2 = the weight ring is filled once (no HBM weight
+// traffic after the first D steps).
+#ifndef JAX_GMMA_WO_TC_ABLATE
+#define JAX_GMMA_WO_TC_ABLATE 0
+#endif
 
 namespace jax_gmma {
 namespace wo_detail {
@@ -52,6 +72,10 @@ constexpr WoTcShape kWoTcShapes[] = {
 };
 constexpr int kWoTcShapeCount = static_cast<int>(sizeof(kWoTcShapes) / sizeof(kWoTcShapes[0]));
 constexpr int kWoTcStages = 3;
+// Stages of the dense kernel's bulk-copy activation ring per K phase (stage i + S - 2 is issued
+// at step i): 6, fewer where the CTA's rings would pass 72 KiB (three CTAs of 128 threads share
+// an SM's 227 KiB), at least 3.
+constexpr int kWoTcBulkStagesMax = 6;
 
 // The shapes built as grouped kernels too: within 256 threads (the grouped slot loop costs
 // registers; at 512 threads the tiles spill).
@@ -68,6 +92,18 @@ constexpr int wo_tc_smem_bytes(WoTcShape s) {
   const int red = (s.wk - 1) * s.nt * (s.rows() + 4) * 4;  // rows padded by 4 floats
   return ring > red ? ring : red;
 }
+// The dense kernel's: the bulk rings, then their full and empty mbarriers (8 bytes each), or
+// the partial sums, whichever is larger. Above 48 KiB: opted in per device (TcOptIn).
+constexpr int wo_tc_bulk_stages(WoTcShape s) {
+  const int fit = 72 * 1024 / (s.wk * s.nt * 128);
+  return fit < 3 ? 3 : (fit > kWoTcBulkStagesMax ? kWoTcBulkStagesMax : fit);
+}
+constexpr int wo_tc_bulk_ring_bytes(WoTcShape s) { return s.wk * wo_tc_bulk_stages(s) * s.nt * 128; }
+constexpr int wo_tc_bulk_smem_bytes(WoTcShape s) {
+  const int ring = wo_tc_bulk_ring_bytes(s) + 2 * s.wk * wo_tc_bulk_stages(s) * 8;
+  const int red = (s.wk - 1) * s.nt * (s.rows() + 4) * 4;
+  return ring > red ? ring : red;
+}
 constexpr bool wo_tc_shapes_ok() {
   for (int i = 0; i < kWoTcShapeCount; ++i) {
     const WoTcShape s = kWoTcShapes[i];
@@ -79,6 +115,12 @@ constexpr bool wo_tc_shapes_ok() {
   return true;
 }
 static_assert(wo_tc_shapes_ok(), "kWoTcShapes: N tile 32/64/128, <= 512 threads, <= 48 KiB, distinct rows");
+
+// wo_tc_tiled_x: the tiled activations of the dense kernel, one 1 KiB block per (64-K step j, 8 tokens g): byte
+// 128 c + 16 r + 4 t + 2 e of block (j, g) is x[8 g + r][64 j + 16 t + 2 c + e] (c, r < 8;
+// t < 4; e < 2), blocks in order (j, g), rows past M zero, M padded to a multiple of the CTA's
+// tokens (jax_gmma.weightonly.tiled_x builds it). A block is the shared-memory image of 8
+// tokens x one 64-K step in the layout above: core matrix (token group, column c) 128 bytes.
 
 // The row of kWoTcShapes for (rows per CTA, tokens per CTA, warps along K), or -1.
 inline int wo_tc_shape_index(int rows, int tokens, int k_warps) {
@@ -143,17 +185,20 @@ __device__ __forceinline__ void fence_acc(float (&d)[N]) {
 }
 
 // The kernel. Tile is the format's view of a prepared 16 x 64 tile (Fp4Tile / Fp6Tile: load,
-// scales, slices; see wo_unpack_kernel), D the weight prefetch depth (even).
+// scales, slices; see wo_unpack_kernel), D the weight prefetch depth (even), XB: x tiled and
+// staged by bulk copies (the dense kernel), else row-major x through registers (grouped).
 // One CTA tile: weight rows [64 WR row_block, 64 WR (row_block + 1)) x tokens [tok0, tok0 + NT)
-// (rows from p.m on read row p.m - 1 and are not stored). Dynamic shared memory:
-// wo_tc_smem_bytes of the shape.
-template <int NT, int WR, int WK, class Tile, typename OutT, int D>
+// (rows from p.m on read row p.m - 1, or the tiled x's zero rows, and are not stored). Dynamic
+// shared memory: wo_tc_bulk_smem_bytes (XB) or wo_tc_smem_bytes of the shape.
+template <int NT, int WR, int WK, class Tile, typename OutT, int D, bool XB>
 __device__ __forceinline__ void wo_tc_tile(const WoParams& p, int64_t row_block, int64_t tok0) {
   static_assert(D % 2 == 0, "the A fragments are double-buffered by step parity");
+  constexpr WoTcShape kShape{NT, WR, WK};
   constexpr int kStageBytes = NT * 128;               // NT tokens x 64 K, bf16
+  constexpr int kStages = XB ? wo_tc_bulk_stages(kShape) : kWoTcStages;
   constexpr int kPhaseThreads = 128 * WR;             // threads of one K phase
-  constexpr int kPairs = (NT * 4 + kPhaseThreads - 1) / kPhaseThreads;  // (token, 16-K run) pairs
-  constexpr bool kPartial = kPairs * kPhaseThreads > NT * 4;             // some threads have none
+  constexpr int kPairs = XB ? 1 : (NT * 4 + kPhaseThreads - 1) / kPhaseThreads;  // (token, 16-K run) pairs
+  constexpr bool kPartial = !XB && kPairs * kPhaseThreads > NT * 4;              // some threads have none
   constexpr int kRows = 64 * WR;
   extern __shared__ __align__(1024) uint8_t smem[];
 
@@ -168,11 +213,41 @@ __device__ __forceinline__ void wo_tc_tile(const WoParams& p, int64_t row_block,
   up.s = p.s;
   const int64_t nsteps = warp_ksteps<WK>(ksteps, wk);
   auto tile_of = [&](int64_t i) { return static_cast<uint32_t>(strip * ksteps + wk + i * WK); };
+  uint8_t* ring = smem + wk * kStages * kStageBytes;
 
-  // This thread's activation pairs: token r = pp / 4 of the tile, K run tt = pp % 4 (16 bf16).
-  uint8_t* ring = smem + wk * kWoTcStages * kStageBytes;
+  // XB: this phase's mbarriers (full: the producer's expect_tx + the copy's bytes; empty: one
+  // arrival per warp of the phase), the producer (the phase's first thread) and its source:
+  // step i's stage is the tiled x's NT / 8 blocks (K step wk + i WK, token groups tok0 / 8 ..).
+  using Barrier = cutlass::arch::ClusterBarrier;
+  using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + WK * kStages * kStageBytes);  // [phase][full, empty][stage]
+  uint64_t* full = bars + wk * 2 * kStages;
+  uint64_t* empty = full + kStages;
+  const bool producer = XB && wr == 0 && tid % 128 == 0;
+  auto issue = [&](int64_t i) {  // producer: step i's stage
+    const int st = static_cast<int>(i % kStages);
+    TxBarrier::arrive_and_expect_tx(&full[st], kStageBytes);
+    const uint8_t* src = reinterpret_cast<const uint8_t*>(p.x) + ((wk + i * WK) * p.x_groups + tok0 / 8) * 1024;
+    cute::SM90_BULK_COPY_G2S::copy(src, &full[st], ring + st * kStageBytes, kStageBytes);
+  };
+  if constexpr (XB) {
+    if (tid == 0) {
+      for (int ph = 0; ph < WK; ++ph)
+        for (int st = 0; st < kStages; ++st) {
+          Barrier::init(&bars[ph * 2 * kStages + st], 1);
+          Barrier::init(&bars[ph * 2 * kStages + kStages + st], 4 * WR);
+        }
+      cutlass::arch::fence_barrier_init();
+    }
+    __syncthreads();
+    if (producer)
+      for (int64_t i = 0; i < kStages - 2 && i < nsteps; ++i) issue(i);
+  }
+
+  // Not XB: this thread's activation pairs: token r = pp / 4 of the tile, K run tt = pp % 4 (16
+  // bf16).
   const int kt = wr * 128 + (tid % 128);
-  const bool x_mine = !kPartial || kt < NT * 4;
+  const bool x_mine = !XB && (!kPartial || kt < NT * 4);
   const __nv_bfloat16* xsrc[kPairs];
   uint32_t xdst[kPairs];
 #pragma unroll
@@ -210,32 +285,47 @@ __device__ __forceinline__ void wo_tc_tile(const WoParams& p, int64_t row_block,
 #pragma unroll
   for (int u = 0; u < D; ++u)
     if (u < nsteps) wring[u] = Tile::load(up, tile_of(u), lane);
-  if (nsteps > 0) {
-    load_x(0);
-    store_x(0);
+  if constexpr (!XB) {
+    if (nsteps > 0) {
+      load_x(0);
+      store_x(0);
+    }
+    if (nsteps > 1) load_x(1);
   }
-  if (nsteps > 1) load_x(1);
 
   float acc[NT / 2];
 #pragma unroll
   for (int i = 0; i < NT / 2; ++i) acc[i] = 0.f;
   uint32_t a[2][4][4];
 
-  // Step i (slot u = i % D of the weight ring, activation stage i % 3). Before the barrier this
-  // thread's stores of stage i are fenced; after it, every thread of the phase has stored stage
-  // i and retired step i - 2's wgmmas (wait_group 1 at the end of step i - 1), so stage
-  // (i + 1) % 3, last read by step i - 2, may be overwritten.
+  // Step i (slot u = i % D of the weight ring, activation stage i % kStages).
+  //  * Not XB: before the barrier this thread's stores of stage i are fenced; after it, every
+  //    thread of the phase has stored stage i and retired step i - 2's wgmmas (wait_group 1 at
+  //    the end of step i - 1), so stage (i + 1) % 3, last read by step i - 2, may be overwritten.
+  //  * XB: the producer refills the stage of step i - 2 (every warp of the phase freed it at
+  //    step i - 1) with step i + S - 2; the phase waits for stage i's bytes; after wait_group 1
+  //    retires step i - 1's wgmmas each warp frees its stage.
   int stage = 0;
   auto step = [&](int64_t i, int u) {
-    const int next = stage == kWoTcStages - 1 ? 0 : stage + 1;
-    fence_async_shared();
-    bar_sync(1 + wk, kPhaseThreads);
-    if (i + 1 < nsteps) store_x(next);
-    if (i + 2 < nsteps) load_x(i + 2);
+    const int next = stage == kStages - 1 ? 0 : stage + 1;
+    if constexpr (XB) {
+      if (producer && i + kStages - 2 < nsteps) {
+        if (i >= 2) Barrier::wait(&empty[(i - 2) % kStages], static_cast<uint32_t>(((i - 2) / kStages) & 1));
+        issue(i + kStages - 2);
+      }
+      __syncwarp();  // the producer's warp converged again before the warp-group wgmmas
+      Barrier::wait(&full[stage], static_cast<uint32_t>((i / kStages) & 1));
+    } else {
+      fence_async_shared();
+      bar_sync(1 + wk, kPhaseThreads);
+      constexpr bool kXOnce = (JAX_GMMA_WO_TC_ABLATE & 1) != 0;
+      if (i + 1 < nsteps && (!kXOnce || i < 1)) store_x(next);
+      if (i + 2 < nsteps && (!kXOnce || i < 1)) load_x(i + 2);
+    }
     uint32_t f_lo, f_hi;
     Tile::scales(wring[u], f_lo, f_hi);
     Tile::slices(wring[u], f_lo, f_hi, a[u & 1]);
-    if (i + D < nsteps) wring[u] = Tile::load(up, tile_of(i + D), lane);
+    if (i + D < nsteps && !(JAX_GMMA_WO_TC_ABLATE & 2)) wring[u] = Tile::load(up, tile_of(i + D), lane);
     const uint32_t sb = smem_addr(ring + stage * kStageBytes);
     fence_acc(acc);
     cute::warpgroup_arrive();
@@ -244,6 +334,12 @@ __device__ __forceinline__ void wo_tc_tile(const WoParams& p, int64_t row_block,
     cute::warpgroup_commit_batch();
     cute::warpgroup_wait<1>();
     fence_acc(acc);
+    if constexpr (XB) {
+      if (i >= 1) {
+        __syncwarp();
+        if (lane == 0) Barrier::arrive(&empty[(i - 1) % kStages]);
+      }
+    }
     stage = next;
   };
   int64_t i0 = 0;
@@ -261,6 +357,8 @@ __device__ __forceinline__ void wo_tc_tile(const WoParams& p, int64_t row_block,
   // token 8 (i / 4) + 2t + i % 2. Phases 1 .. WK - 1 leave their sums in shared memory
   // ([phase - 1][token][row], rows padded by 4 floats: conflict-free), phase 0 adds them in order.
   constexpr int kRedStride = kRows + 4;
+  static_assert(!XB || WK == 1 || (WK - 1) * NT * kRedStride * 4 <= wo_tc_bulk_ring_bytes(kShape),
+                "the partial sums reuse the rings, not the mbarriers behind them");
   float* red = reinterpret_cast<float*>(smem);
   const int row_base = 64 * wr + 16 * warp + g;
   if constexpr (WK > 1) {
@@ -303,7 +401,7 @@ __device__ __forceinline__ void wo_tc_tile(const WoParams& p, int64_t row_block,
 // together, so the second and later token tiles read the weight from L2.
 template <int NT, int WR, int WK, class Tile, typename OutT, int D>
 __global__ void __launch_bounds__(128 * WR * WK) wo_tc_kernel(const WoParams p) {
-  wo_tc_tile<NT, WR, WK, Tile, OutT, D>(p, blockIdx.y, static_cast<int64_t>(blockIdx.x) * NT);
+  wo_tc_tile<NT, WR, WK, Tile, OutT, D, true>(p, blockIdx.y, static_cast<int64_t>(blockIdx.x) * NT);
 }
 
 // The grouped kernel (mixture-of-experts; wo_grouped in weightonly_common.cuh): grid x = the row
@@ -311,13 +409,49 @@ __global__ void __launch_bounds__(128 * WR * WK) wo_tc_kernel(const WoParams p) 
 template <int NT, int WR, int WK, class Tile, typename OutT, int D>
 __global__ void __launch_bounds__(128 * WR * WK) wo_tc_grouped_kernel(const WoGroupedParams gp) {
   wo_grouped<64 * WR, NT, OutT>(gp, [](const WoParams& q, int64_t tok0) {
-    wo_tc_tile<NT, WR, WK, Tile, OutT, D>(q, blockIdx.x, tok0);
+    wo_tc_tile<NT, WR, WK, Tile, OutT, D, false>(q, blockIdx.x, tok0);
   });
 }
 
+// Host: the dense kernel's shared memory above 48 KiB needs a per-device opt-in
+// (cudaFuncSetAttribute: not a stream operation; the device from cudaGetDevice, which capture
+// allows). weightonly_prepare (called for every device when jax_gmma registers its kernels,
+// before any capture) sets it for every shape; a launch sets it only where that did not run.
+template <int I, class Tile, typename OutT, int D>
+struct TcOptIn {
+  static cudaError_t ensure() {
+    constexpr WoTcShape s = kWoTcShapes[I];
+    constexpr int bytes = wo_tc_bulk_smem_bytes(s);
+    if constexpr (bytes <= 48 * 1024) {
+      return cudaSuccess;
+    } else {
+      static std::atomic<uint64_t> done{0};
+      int dev = 0;
+      if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
+      const uint64_t bit = dev >= 0 && dev < 64 ? uint64_t{1} << dev : 0;
+      if (bit && (done.load(std::memory_order_acquire) & bit)) return cudaSuccess;
+      const cudaError_t e = cudaFuncSetAttribute(wo_tc_kernel<s.nt, s.wr, s.wk, Tile, OutT, D>,
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+      if (e == cudaSuccess) done.fetch_or(bit, std::memory_order_release);
+      return e;
+    }
+  }
+};
+
+// Every shape's opt-in for one format and output type (the current device).
+template <class Tile, typename OutT, int D, int I = 0>
+cudaError_t prepare_tc() {
+  if constexpr (I >= kWoTcShapeCount) {
+    return cudaSuccess;
+  } else {
+    if (cudaError_t e = TcOptIn<I, Tile, OutT, D>::ensure(); e != cudaSuccess) return e;
+    return prepare_tc<Tile, OutT, D, I + 1>();
+  }
+}
+
 // Host: one launch of the tensor-core kernel for kWoTcShapes row `index`, dense (grid
-// ceil(M / NT) x N / (64 WR)) or grouped (gr: grid N / (64 WR) x the expert slots); dynamic shared
-// memory below 48 KiB.
+// ceil(M / NT) x N / (64 WR), x tiled, wo_tc_bulk_smem_bytes) or grouped (gr: grid N / (64 WR) x
+// the expert slots, row-major x, wo_tc_smem_bytes below 48 KiB).
 template <class Tile, typename OutT, int D, int I = 0>
 cudaError_t launch_tc(const WoArgs& a, int index, cudaStream_t stream, const WoGroups* gr = nullptr) {
   if constexpr (I >= kWoTcShapeCount) {
@@ -336,9 +470,11 @@ cudaError_t launch_tc(const WoArgs& a, int index, cudaStream_t stream, const WoG
         return cudaErrorInvalidValue;  // not built grouped (weightonly_grouped_check refuses it)
       }
     } else {
+      if (a.x_rows % s.nt != 0 || a.x_rows < a.m) return cudaErrorInvalidValue;  // x not tiled for NT
+      if (cudaError_t e = TcOptIn<I, Tile, OutT, D>::ensure(); e != cudaSuccess) return e;
       wo_tc_kernel<s.nt, s.wr, s.wk, Tile, OutT, D>
           <<<dim3(static_cast<unsigned>((a.m + s.nt - 1) / s.nt), blocks), s.threads(),
-             wo_tc_smem_bytes(s), stream>>>(make_params(a));
+             wo_tc_bulk_smem_bytes(s), stream>>>(make_params(a));
     }
     return cudaGetLastError();
   }
