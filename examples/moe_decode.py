@@ -132,20 +132,25 @@ def init_master(cfg: Config, seed: int = 0) -> Dict[str, Any]:
           "final_norm": jnp.ones((H,), BF16)}
 
 
-@functools.partial(jax.jit, static_argnames=("spec",))
-def _quantize_layer(wl, *, spec):
-  """(E, K, N) bf16 experts of one layer -> ``spec`` (moe.quantize_experts on (E, N, K))."""
-  return moe.quantize_experts(jnp.swapaxes(wl, 1, 2), spec)
+@functools.partial(jax.jit, static_argnames=("spec",), donate_argnums=(0,))
+def _put_layer(stacked, w, i, *, spec):
+  """Layer i of the (L, E, K, N) bf16 experts in ``spec`` (moe.quantize_experts on (E, N, K)),
+  written in place into ``stacked`` (donated), the experts of every layer."""
+  q = moe.quantize_experts(jnp.swapaxes(lax.dynamic_index_in_dim(w, i, keepdims=False), 1, 2), spec)
+  return jax.tree.map(lambda s, a: lax.dynamic_update_index_in_dim(s, a, i, 0), stacked, q)
 
 
 def _quantize_layers(w, *, spec):
   """(L, E, K, N) bf16 -> the experts of every layer in ``spec``: arrays with leading (layer,
-  expert) axes. One layer at a time from Python: a jitted loop over the stacked layers made XLA
-  copy the whole stack first (24 GiB for gpt-oss-20b's gate/up), which with the master did not
-  fit an 80 GB GPU."""
-  per_layer = [_quantize_layer(w[i], spec=spec) for i in range(w.shape[0])]
-  stacked = jax.tree.map(lambda *a: jnp.stack(a), *per_layer)
-  del per_layer
+  expert) axes, filled one layer at a time in place. A jitted loop over the stacked layers made
+  XLA copy the whole stack first (24 GiB for gpt-oss-20b's gate/up), and stacking per-layer
+  results holds them twice; either way the master and the quantized experts did not fit an
+  80 GB GPU."""
+  shapes = jax.eval_shape(lambda wl: moe.quantize_experts(jnp.swapaxes(wl, 1, 2), spec),
+                          jax.ShapeDtypeStruct(w.shape[1:], w.dtype))
+  stacked = jax.tree.map(lambda a: jnp.zeros((w.shape[0],) + a.shape, a.dtype), shapes)
+  for i in range(w.shape[0]):
+    stacked = _put_layer(stacked, w, i, spec=spec)
   return stacked
 
 

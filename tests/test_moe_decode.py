@@ -56,6 +56,21 @@ def md_on_gpu():
   return bool(_backend.cuda_devices())
 
 
+@pytest.mark.parametrize("spec", ("fp8_128x128", "wo:mxfp4"))
+def test_layers_quantized_in_place_equal_stacking(md, cpu_device, spec):
+  """The experts quantized one layer at a time into a donated stack equal the layers quantized
+  one by one and stacked."""
+  import jax
+  cfg = md.Config(hidden=64, inter=32, experts=4, top_k=2, layers=3)
+  w = md.init_master(cfg, seed=3)["layers"]["gate_up"]
+  got = md._quantize_layers(w, spec=spec)
+  one = lambda wl: md.moe.quantize_experts(jax.numpy.swapaxes(wl, 1, 2), spec)
+  want = jax.tree.map(lambda *a: np.stack(a), *[one(w[i]) for i in range(cfg.layers)])
+  assert jax.tree.structure(got) == jax.tree.structure(want)
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 def test_decode_loop_equals_stepping(md, cpu_device):
   """The fori_loop program (teacher forcing off) equals calling one decode step at a time, and
   teacher forcing on the loop's own inputs reproduces it."""
