@@ -90,10 +90,20 @@ GOALS = {
     "fp8_channel": ((256, 1.0),),
 }
 MXFP8_VS_CHANNEL = 0.95
-#: Physical floors (H200 datasheet): HBM bytes per second, dense tensor-core FLOP/s by operand
-#: type. FP4 / FP6 weights run on bf16 tensor cores (Hopper has no FP4 / FP6 MMA).
+#: Physical floors (datasheets): HBM bytes per second by device (H200 4.8 TB/s, H100 SXM 3.35;
+#: others: the H200's), dense tensor-core FLOP/s by operand type (the same on both). FP4 / FP6
+#: weights run on bf16 tensor cores (Hopper has no FP4 / FP6 MMA).
 HBM_BPS = 4.8e12
+HBM_BPS_BY_DEVICE = {"H100": 3.35e12, "H200": 4.8e12}
 TC_FLOPS = {"fp8": 1979e12, "bf16": 989e12}
+
+
+def hbm_bps(device: str) -> float:
+  """The HBM bandwidth of the floors for a device name (jax's device_kind)."""
+  for key, bps in HBM_BPS_BY_DEVICE.items():
+    if key in device:
+      return bps
+  return HBM_BPS
 #: Weight bytes per element, scales included (K-blocked scales amortized over their block).
 WEIGHT_BYTES = {"fp8_tensor": 1.0, "fp8_channel": 1.0, "fp8_128x128": 1.0 + 4 / 128 ** 2,
                 "mxfp8": 1.0 + 1 / 32, "wo:nvfp4": 0.5 + 1 / 16, "wo:mxfp4": 0.5 + 1 / 32,
@@ -109,13 +119,13 @@ def goal(fmt: str, m: int):
   return None
 
 
-def floor_us(name: str, m: int, n: int, k: int) -> float:
+def floor_us(name: str, m: int, n: int, k: int, bps: float = HBM_BPS) -> float:
   """The physical floor of one GEMM of row `name`: weight and activation bytes over HBM
-  bandwidth, or FLOPs over the tensor-core rate of its operand type, whichever is larger."""
+  bandwidth `bps`, or FLOPs over the tensor-core rate of its operand type, whichever is larger."""
   name = name.split("/")[0]
   nbytes = n * k * WEIGHT_BYTES[name] + 2 * m * (k + n)
   rate = TC_FLOPS["bf16" if name.startswith("wo:") or name == "bf16" else "fp8"]
-  return 1e6 * max(nbytes / HBM_BPS, 2.0 * m * n * k / rate)
+  return 1e6 * max(nbytes / bps, 2.0 * m * n * k / rate)
 
 
 def _weights(fmt, w):
@@ -216,6 +226,7 @@ def torch_4bit_note():
 def measure(nk, ms, formats, log, repeats=5, rounds=2, wo_kernel=False, torch_peer=None):
   rows, failures = [], []
   warm_gpu(1.0)
+  bps = hbm_bps(jax.devices()[0].device_kind)
   key = jax.random.PRNGKey(0)
   for n, k in nk:
     d = max(1, min(CHAIN, math.ceil(600e6 / (n * k))))
@@ -257,7 +268,7 @@ def measure(nk, ms, formats, log, repeats=5, rounds=2, wo_kernel=False, torch_pe
                           [()], repeats, 0.02, rounds)
       row = dict(m=m, n=n, k=k, chain=CHAIN, distinct_weights=d,
                  us={nm: st["median_us"] / CHAIN for nm, st in stats.items()}, rel_err=errs,
-                 floor_us={nm: floor_us(nm, m, n, k) for nm in (*steps, TORCH_FP8)})
+                 floor_us={nm: floor_us(nm, m, n, k, bps) for nm in (*steps, TORCH_FP8)})
       if torch_peer is not None and torch_peer.ok:
         try:
           us, err = torch_fp8_cell(torch_peer, m, n, k, d, repeats, rounds, 0.02)
@@ -319,15 +330,16 @@ def markdown(meta, rows):
     out.append(f"| {r['n']} x {r['k']} | {r['m']} | {xla:.1f} | " if xla else
                f"| {r['n']} x {r['k']} | {r['m']} | - | ")
     out[-1] += " | ".join(cells) + " |"
+  bps = hbm_bps(meta["device"])
   out += ["", "Ceilings: the most each row could reach against the measured XLA FP8 time, XLA µs / "
-          f"the row's physical floor (bytes / {HBM_BPS / 1e12:.1f} TB/s or FLOPs / "
+          f"the row's physical floor (bytes / {bps / 1e12:.2f} TB/s or FLOPs / "
           f"{TC_FLOPS['fp8'] / 1e12:.0f} (FP8) or {TC_FLOPS['bf16'] / 1e12:.0f} (bf16, FP4 / FP6 "
           "weights) TFLOP/s, the larger). A goal above its ceiling cannot be met on this "
           "hardware with that operand type.", "",
           "| N x K | M | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
   for r in rows:
     xla = r["us"].get("xla_fp8")
-    cells = [f"{xla / r['floor_us'][nm]:.2f}x" if xla and nm in r.get("floor_us", {}) else "-"
+    cells = [f"{xla / floor_us(nm, r['m'], r['n'], r['k'], bps):.2f}x" if xla and nm in r["us"] else "-"
              for nm in names]
     out.append(f"| {r['n']} x {r['k']} | {r['m']} | " + " | ".join(cells) + " |")
   out += ["", f"Relative errors (float64 reference of the dequantized operands, tolerance {TOL}) and "

@@ -46,6 +46,8 @@
 #                      the DeepSeek-V3 / Qwen3-30B-A3B / Mixtral-8x7B / gpt-oss-20b experts)
 #   grouped_stream_configs  benchmarks/grouped_stream_configs.py (the grouped streaming kernels alone,
 #                      every config forced, the four MoE presets' expert shapes at 1, 16, 64 tokens)
+#   grouped_routes     benchmarks/grouped_routes.py (the grouped prefill routes at their crossovers:
+#                      64- vs 128-row tiles, the weight-only kernel vs the bf16 route)
 #   moe_decode         examples/moe_decode.py, gpt-oss-20b and qwen3-30b-a3b presets, formats
 #                      bf16,fp8_128x128,wo:mxfp4 (OUT/moe_decode_<preset>.json; without grouped
 #                      kernels the quantized formats are skipped with the reason)
@@ -166,6 +168,7 @@ step() {
       python3 -P examples/minilm.py --json "$OUT/minilm.json" $(args_of "$1") ;;
     moe) bench "$1" benchmarks/bench_moe.py bench_moe ;;
     grouped_stream_configs) bench "$1" benchmarks/grouped_stream_configs.py grouped_stream_configs ;;
+    grouped_routes) bench "$1" benchmarks/grouped_routes.py grouped_routes ;;
     sharded)
       local gpus rc=0 d
       gpus=$(python3 -c "import jax; print(len([d for d in jax.devices() if d.platform == 'gpu']))" 2> /dev/null || echo 0)
