@@ -22,12 +22,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import json
 import os
 import re
 import sys
-import time
 
 import numpy as np
 
@@ -39,9 +37,8 @@ import jax.numpy as jnp  # noqa: E402
 
 import jax_gmma  # noqa: E402
 import moe as moe_example  # noqa: E402
-from jax_gmma import _backend  # noqa: E402
 from jax_gmma.ops import grouped, grouped_configs as gc  # noqa: E402
-from bench_fp8 import exit_code, warm_gpu  # noqa: E402
+from grouped_stream_configs import finish, median_s, new_run  # noqa: E402
 
 NAME = "grouped_routes"
 NEVER = 2 ** 40
@@ -68,16 +65,6 @@ def forced(**thresholds):
   finally:
     for k, v in saved.items():
       setattr(gc, k, v)
-
-
-def median_s(fn, args, repeats: int) -> float:
-  jax.block_until_ready(fn(*args))
-  ts = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    ts.append(time.perf_counter() - t0)
-  return float(np.median(ts))
 
 
 def rel(a, b) -> float:
@@ -195,27 +182,9 @@ def main(argv=None) -> int:
       f.write(md)
     print(md)
     return 0
-  if not _backend.cuda_devices():
-    jax_gmma.set_allow_reference(True)  # CPU: the reference path, plumbing only
-  dev = jax.devices()[0]
-  run = {"rows": [], "failures": [],
-         "meta": {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                  "device": getattr(dev, "device_kind", str(dev)), "jax": jax.__version__,
-                  "jax_gmma": jax_gmma.__version__, "calls": args.calls, "repeats": args.repeats,
-                  "command": "python3 -P " + " ".join(
-                      [os.path.relpath(sys.argv[0])] + (sys.argv[1:] if argv is None else list(argv)))}}
-  if _backend.cuda_devices():
-    warm_gpu()
+  run = new_run(args, argv)
   bench(args, run)
-  md = markdown(run)
-  print("\n" + md)
-  if args.out:
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, f"{NAME}.json"), "w") as f:
-      json.dump(run, f, indent=1)
-    with open(os.path.join(args.out, f"{NAME}.md"), "w") as f:
-      f.write(md)
-  return exit_code(run["failures"])
+  return finish(run, markdown(run), args.out, NAME)
 
 
 if __name__ == "__main__":

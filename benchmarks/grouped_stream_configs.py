@@ -212,11 +212,12 @@ def parse_args(argv=None):
   return a
 
 
-def main(argv=None) -> int:
-  args = parse_args(argv)
+def new_run(args, argv) -> dict:
+  """A run's record (rows, failures, metadata with the command line), the GPU warmed, or on a
+  CPU the reference path allowed (plumbing only)."""
   on_gpu = bool(_backend.cuda_devices())
   if not on_gpu:
-    jax_gmma.set_allow_reference(True)  # CPU: the reference path, plumbing only
+    jax_gmma.set_allow_reference(True)
   dev = jax.devices()[0]
   run = {"rows": [], "failures": [], "sm_count": int(getattr(dev, "core_count", 132) or 132),
          "meta": {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -226,16 +227,26 @@ def main(argv=None) -> int:
                       [os.path.relpath(sys.argv[0])] + (sys.argv[1:] if argv is None else list(argv)))}}
   if on_gpu:
     warm_gpu()
-  bench(args, run)
-  md = markdown(run)
+  return run
+
+
+def finish(run, md: str, out, name: str) -> int:
+  """Prints the markdown, writes OUT/NAME.json and .md (when OUT), returns the exit status."""
   print("\n" + md)
-  if args.out:
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, f"{NAME}.json"), "w") as f:
+  if out:
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, f"{name}.json"), "w") as f:
       json.dump({k: run[k] for k in ("meta", "rows", "failures")}, f, indent=1)
-    with open(os.path.join(args.out, f"{NAME}.md"), "w") as f:
+    with open(os.path.join(out, f"{name}.md"), "w") as f:
       f.write(md)
   return exit_code(run["failures"])
+
+
+def main(argv=None) -> int:
+  args = parse_args(argv)
+  run = new_run(args, argv)
+  bench(args, run)
+  return finish(run, markdown(run), args.out, NAME)
 
 
 if __name__ == "__main__":
