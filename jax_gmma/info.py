@@ -29,7 +29,8 @@ def weightonly_path(devs) -> str:
       return f"ERROR: the built library has no {target} handler (an older library); rebuild it"
   return (f"CUDA kernels (FP4/FP6 widened to bf16 in registers, XLA FFI {WEIGHTONLY_TARGET}: "
           "sm90a mma.sync, 8 / 16 tokens per CTA; from 33 tokens (N >= 16384) or 65: sm90a "
-          f"wgmma with the weights as its register operand, 64 tokens per CTA; M >= {PREFILL_MIN_M}: "
+          "wgmma with the weights as its register operand and x tiled for its bulk copies, 64 "
+          f"tokens per CTA up to 64, 128 above; M >= {PREFILL_MIN_M}: "
           f"{UNPACK_TARGET} + a bf16 GEMM, or + jax-gmma's FP8 GEMM for FP8 x and MX weights)")
 
 
