@@ -1,6 +1,7 @@
 """Bad inputs of the weight-only family (PackedWeight, prepare, weightonly_gemm, unpack, dot with a
 PackedWeight): the cases of the "Weight-only" table of docs/bad-inputs.md."""
 import jax
+import jax.export
 import jax.numpy as jnp
 import numpy as np
 
@@ -9,6 +10,7 @@ from _bad_inputs import Case
 from jax_gmma.ops import weightonly as wo
 
 _W = np.linspace(-3, 3, 32 * 128, dtype=np.float32).reshape(32, 128)
+_W64 = np.linspace(-3, 3, 64 * 128, dtype=np.float32).reshape(64, 128)  # N = 64: a tensor-core row block
 
 
 def _wp(fmt="nvfp4"):
@@ -97,6 +99,10 @@ CASES = {
         lambda x: jax_gmma.weightonly_gemm(x, _wp(), path="kernel"),
         jax.ShapeDtypeStruct((2 ** 21, 128), jnp.bfloat16)), ValueError,
         (G, "path='kernel' takes at most")),
+    "wo-gemm-tc-symbolic-m": Case(lambda: jax.eval_shape(
+        lambda x: jax_gmma.weightonly_gemm(x, wo.prepare(_W64, "nvfp4"), rows=64, tokens=64, k_warps=8),
+        jax.ShapeDtypeStruct((jax.export.symbolic_shape("m")[0], 128), jnp.bfloat16)), ValueError,
+        (G, "tokens = 64 (the tensor-core kernel) needs a concrete M")),
     "wo-gemm-x-scale-complex": Case(lambda: jax_gmma.weightonly_gemm(
         _x(), _wp(), x_scale=jnp.ones(2, jnp.complex64)), TypeError, (G, "x_scale must be a float")),
     "wo-gemm-x-scale-shape": Case(lambda: jax_gmma.weightonly_gemm(
