@@ -1111,8 +1111,8 @@ def pick_tc(m: int, n: int) -> Optional[tuple]:
   """The tensor-core kernel's CTA shape, or None where the mma.sync decode shapes are as fast
   (mirrors weightonly_tc_pick; measured on an H100, NVFP4, kernel alone, weights rotated past
   L2): from 33 tokens when N >= 16384, from 65 otherwise; up to 64 tokens 64-token tiles of 256
-  rows where N gives at least 96 of them, else 128 (28672 x 8192, 64 tokens: 88 / 92 us against
-  92 for the best mma.sync shape); above 64 tokens 128-token tiles, 128 rows where N gives
+  rows where N gives at least 96 of them, else 128 (28672 x 8192, 64 tokens: 88 / 92 us; the
+  mma.sync shapes took 176 there); above 64 tokens 128-token tiles, 128 rows where N gives
   at least 132 of them, else 64 (128 tokens: 28672 x 8192 125 us, 8192 x 8192 57, against 179
   and 68 for two 64-token tiles)."""
   if m <= 32 or n % 128 or n // 128 > MAX_ROW_BLOCKS:
