@@ -87,9 +87,10 @@ inline bool wo_tc_grouped_shape_index(int index) {
 // Dynamic shared memory of a shape: the activation rings of the WK phases, reused at the end for
 // the partial sums of phases 1 .. WK - 1. Kept within the 48 KiB that needs no opt-in (no
 // per-device function attribute to set).
+// The K phases' partial sums at the end (phases 1 .. WK - 1; rows padded by 4 floats).
+constexpr int wo_tc_red_bytes(WoTcShape s) { return (s.wk - 1) * s.nt * (s.rows() + 4) * 4; }
 constexpr int wo_tc_smem_bytes(WoTcShape s) {
-  const int ring = s.wk * kWoTcStages * s.nt * 128;
-  const int red = (s.wk - 1) * s.nt * (s.rows() + 4) * 4;  // rows padded by 4 floats
+  const int ring = s.wk * kWoTcStages * s.nt * 128, red = wo_tc_red_bytes(s);
   return ring > red ? ring : red;
 }
 // The dense kernel's: the bulk rings, then their full and empty mbarriers (8 bytes each), or
@@ -100,8 +101,7 @@ constexpr int wo_tc_bulk_stages(WoTcShape s) {
 }
 constexpr int wo_tc_bulk_ring_bytes(WoTcShape s) { return s.wk * wo_tc_bulk_stages(s) * s.nt * 128; }
 constexpr int wo_tc_bulk_smem_bytes(WoTcShape s) {
-  const int ring = wo_tc_bulk_ring_bytes(s) + 2 * s.wk * wo_tc_bulk_stages(s) * 8;
-  const int red = (s.wk - 1) * s.nt * (s.rows() + 4) * 4;
+  const int ring = wo_tc_bulk_ring_bytes(s) + 2 * s.wk * wo_tc_bulk_stages(s) * 8, red = wo_tc_red_bytes(s);
   return ring > red ? ring : red;
 }
 constexpr bool wo_tc_shapes_ok() {
@@ -357,7 +357,7 @@ __device__ __forceinline__ void wo_tc_tile(const WoParams& p, int64_t row_block,
   // token 8 (i / 4) + 2t + i % 2. Phases 1 .. WK - 1 leave their sums in shared memory
   // ([phase - 1][token][row], rows padded by 4 floats: conflict-free), phase 0 adds them in order.
   constexpr int kRedStride = kRows + 4;
-  static_assert(!XB || WK == 1 || (WK - 1) * NT * kRedStride * 4 <= wo_tc_bulk_ring_bytes(kShape),
+  static_assert(!XB || wo_tc_red_bytes(kShape) <= wo_tc_bulk_ring_bytes(kShape),
                 "the partial sums reuse the rings, not the mbarriers behind them");
   float* red = reinterpret_cast<float*>(smem);
   const int row_base = 64 * wr + 16 * warp + g;
