@@ -475,4 +475,49 @@ cudaError_t weightonly_unpack_run(const WoUnpackArgs& a, cudaStream_t stream) {
   return cudaErrorInvalidValue;
 }
 
+namespace {
+
+// One thread per 16 bytes of the tiled x (wo_tc_tiled_x): 16-byte chunk q = 8 c + r of block
+// (j, g) = i / 64 holds the bf16 pairs x[8 g + r][64 j + 16 t + 2 c .. + 1], t = 0 .. 3, four
+// 4-byte loads 32 bytes apart (a warp reads 16-byte runs of 8 rows, the four loads fill them)
+// and one 16-byte store (a warp writes 512 contiguous bytes).
+__global__ void wo_tile_x_kernel(const uint32_t* __restrict__ x, int64_t m, int64_t k, int64_t groups,
+                                 uint4* __restrict__ out, int64_t chunks) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= chunks) return;
+  const int q = static_cast<int>(i & 63), c = q >> 3, r = q & 7;
+  const int64_t b = i >> 6, j = b / groups, tok = 8 * (b % groups) + r;
+  uint4 v = make_uint4(0, 0, 0, 0);
+  if (tok < m) {
+    const uint32_t* src = x + (tok * k + 64 * j) / 2 + c;
+    v.x = __ldg(src);
+    v.y = __ldg(src + 8);
+    v.z = __ldg(src + 16);
+    v.w = __ldg(src + 24);
+  }
+  out[i] = v;
+}
+
+}  // namespace
+
+const char* weightonly_tile_x_check(const WoTileArgs& a) {
+  if (a.m < 1 || a.k < 1) return "M and K must be positive";
+  if (a.k % 64 != 0) return "K must be a multiple of 64 (the padded K)";
+  if (a.rows < a.m || a.rows % 8 != 0) return "rows must be M padded to a multiple of 8";
+  if (a.rows / 8 > int64_t{INT32_MAX} * 4 / (a.k / 64)) return "x too large (grid)";  // blocks = chunks / 256
+  if (!a.x || !a.out) return "null operand";
+  if (reinterpret_cast<uintptr_t>(a.x) % 4 != 0 || reinterpret_cast<uintptr_t>(a.out) % 16 != 0)
+    return "x must be 4-byte and out 16-byte aligned";
+  return nullptr;
+}
+
+cudaError_t weightonly_tile_x_run(const WoTileArgs& a, cudaStream_t stream) {
+  if (weightonly_tile_x_check(a)) return cudaErrorInvalidValue;
+  const int64_t chunks = a.k / 64 * (a.rows / 8) * 64;
+  constexpr int kThreads = 256;
+  wo_tile_x_kernel<<<static_cast<unsigned>((chunks + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
+      static_cast<const uint32_t*>(a.x), a.m, a.k, a.rows / 8, static_cast<uint4*>(a.out), chunks);
+  return cudaGetLastError();
+}
+
 }  // namespace jax_gmma

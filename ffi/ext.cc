@@ -27,6 +27,7 @@ extern "C" void* jax_gmma_fp8_blockwise_gemm_handler();
 extern "C" void* jax_gmma_mx_gemm_handler();
 extern "C" void* jax_gmma_weightonly_gemm_handler();
 extern "C" void* jax_gmma_weightonly_unpack_handler();
+extern "C" void* jax_gmma_weightonly_tile_x_handler();
 extern "C" void* jax_gmma_fp8_quantize_handler();
 extern "C" void* jax_gmma_fp8_grouped_gemm_handler();
 extern "C" void* jax_gmma_weightonly_grouped_gemm_handler();
@@ -90,6 +91,7 @@ NB_MODULE(_gmma_ext, m) {
     d["jax_gmma_mx_gemm"] = nb::capsule(jax_gmma_mx_gemm_handler());
     d["jax_gmma_weightonly_gemm"] = nb::capsule(jax_gmma_weightonly_gemm_handler());
     d["jax_gmma_weightonly_unpack"] = nb::capsule(jax_gmma_weightonly_unpack_handler());
+    d["jax_gmma_weightonly_tile_x"] = nb::capsule(jax_gmma_weightonly_tile_x_handler());
     d["jax_gmma_fp8_quantize"] = nb::capsule(jax_gmma_fp8_quantize_handler());
     d["jax_gmma_fp8_grouped_gemm"] = nb::capsule(jax_gmma_fp8_grouped_gemm_handler());
     d["jax_gmma_weightonly_grouped_gemm"] = nb::capsule(jax_gmma_weightonly_grouped_gemm_handler());

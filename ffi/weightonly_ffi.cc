@@ -1,8 +1,9 @@
 // XLA FFI handlers of the sm90 FP4 / FP6 weight-only GEMM (cpp/sm90_fp4_gemm_weightonly.cu,
 // cpp/sm90_fp6_gemm_weightonly.cu), of its grouped (mixture-of-experts) form and of the weight
 // unpack kernel of the prefill path (same files): jax_gmma_weightonly_gemm,
-// jax_gmma_weightonly_grouped_gemm and jax_gmma_weightonly_unpack. The grouped form reads the
-// group sizes on the device only.
+// jax_gmma_weightonly_grouped_gemm, jax_gmma_weightonly_unpack and jax_gmma_weightonly_tile_x
+// (the tensor-core shapes' tiled activations). The grouped form reads the group sizes on the
+// device only.
 //
 // Graph safety (the rules of ffi/graph_safety.h): the stream comes from the platform context and
 // is only asked whether it is capturing; the execute path enqueues one kernel launch (static
@@ -19,6 +20,7 @@ using namespace ffi_common;
 ffi::Error bad(std::string_view msg) { return fail("jax_gmma_weightonly_gemm", msg); }
 ffi::Error bad_unpack(std::string_view msg) { return fail("jax_gmma_weightonly_unpack", msg); }
 ffi::Error bad_grouped(std::string_view msg) { return fail("jax_gmma_weightonly_grouped_gemm", msg); }
+ffi::Error bad_tile(std::string_view msg) { return fail("jax_gmma_weightonly_tile_x", msg); }
 
 // The prepared weight both handlers take: uint8 codes and scale codes of an (N, K) weight
 // (K the padded K) in format scale_kind. nullptr when they match, else the reason.
@@ -214,6 +216,33 @@ ffi::Error WeightOnlyUnpackImpl(cudaStream_t stream, ffi::AnyBuffer w_packed,
 #endif
 }
 
+// Operand: x (M, K) bf16 row-major. Result: out (K / 64, rows / 8, 512) bf16, the tensor-core
+// kernel's tiled x (WoTileArgs; rows M .. rows - 1 zero).
+ffi::Error WeightOnlyTileXImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out) {
+  auto xd = x.dimensions();
+  auto od = out->dimensions();
+  if (xd.size() != 2 || x.element_type() != ffi::DataType::BF16) return bad_tile("x must be (M, K) bfloat16");
+  if (od.size() != 3 || out->element_type() != ffi::DataType::BF16 || od[0] * 64 != xd[1] || od[2] != 512)
+    return bad_tile("out must be (K / 64, rows / 8, 512) bfloat16");
+  WoTileArgs a;
+  a.m = xd[0];
+  a.k = xd[1];
+  a.rows = od[1] * 8;
+  a.x = x.untyped_data();
+  a.out = out->untyped_data();
+#if !defined(JAX_GMMA_HAVE_SM90)
+  (void)stream;
+  return bad_tile(kNoSm90);
+#else
+  if (const char* why = weightonly_tile_x_check(a)) return bad_tile(why);
+
+  if (!jax_gmma_note_execution(stream)) return ffi::Error::Internal("cudaStreamIsCapturing failed");
+  if (cudaError_t err = weightonly_tile_x_run(a, stream); err != cudaSuccess)
+    return cuda_fail("jax_gmma: weight-only x tiling launch failed", err);
+  return ffi::Error::Success();
+#endif
+}
+
 }  // namespace
 }  // namespace jax_gmma
 
@@ -269,3 +298,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxGmmaWeightOnlyGroupedGemm, jax_gmma::WeightOnly
                               JAX_GMMA_GRAPH_SAFE_TRAITS);
 
 JAX_GMMA_EXPORT_HANDLER(jax_gmma_weightonly_grouped_gemm_handler, JaxGmmaWeightOnlyGroupedGemm)
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxGmmaWeightOnlyTileX, jax_gmma::WeightOnlyTileXImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()  // x
+                                  .Ret<ffi::AnyBuffer>(),  // out (tiled)
+                              JAX_GMMA_GRAPH_SAFE_TRAITS);
+
+JAX_GMMA_EXPORT_HANDLER(jax_gmma_weightonly_tile_x_handler, JaxGmmaWeightOnlyTileX)

@@ -15,13 +15,14 @@ FP8_BLOCKWISE_GEMM_TARGET = "jax_gmma_fp8_blockwise_gemm"
 MX_GEMM_TARGET = "jax_gmma_mx_gemm"  # MX / NVFP4 block-scaled GEMMs (jax_gmma/ops/mx.py; MXFP8 on Hopper)
 WEIGHTONLY_GEMM_TARGET = "jax_gmma_weightonly_gemm"
 WEIGHTONLY_UNPACK_TARGET = "jax_gmma_weightonly_unpack"
+WEIGHTONLY_TILE_X_TARGET = "jax_gmma_weightonly_tile_x"  # x tiled for the tensor-core weight-only shapes
 FP8_QUANTIZE_TARGET = "jax_gmma_fp8_quantize"
 FP8_GROUPED_GEMM_TARGET = "jax_gmma_fp8_grouped_gemm"  # jax_gmma.ragged_dot (jax_gmma/ops/grouped.py)
 WEIGHTONLY_GROUPED_GEMM_TARGET = "jax_gmma_weightonly_grouped_gemm"  # ragged_dot on FP4 / FP6 experts
 MX_GROUPED_GEMM_TARGET = "jax_gmma_mx_grouped_gemm"  # ragged_dot on block-scaled experts (sm_100a)
 #: Every FFI target of the kernel library.
 TARGETS = (FP8_GEMM_TARGET, FP8_BLOCKWISE_GEMM_TARGET, MX_GEMM_TARGET, WEIGHTONLY_GEMM_TARGET,
-           WEIGHTONLY_UNPACK_TARGET, FP8_QUANTIZE_TARGET, FP8_GROUPED_GEMM_TARGET,
+           WEIGHTONLY_UNPACK_TARGET, WEIGHTONLY_TILE_X_TARGET, FP8_QUANTIZE_TARGET, FP8_GROUPED_GEMM_TARGET,
            WEIGHTONLY_GROUPED_GEMM_TARGET, MX_GROUPED_GEMM_TARGET)
 #: Compute capabilities (as jax reports them) that have kernels, by built arch (the FP8
 #: tensorwise / blockwise families; the MX / NVFP4 family has its own map, jax_gmma.ops.mx.ARCH_FOR_CC).

@@ -588,11 +588,14 @@ def test_cuda_lowering_tiles_x_for_tensor_core_shapes(fake_hopper, monkeypatch, 
   call = text[text.index("custom_call @jax_gmma_weightonly_gemm"):]
   call = call[:call.index("\n")]
   x_rows = int(re.search(r"x_rows = (\d+)", call).group(1))
+  tiles = re.findall(r"custom_call @jax_gmma_weightonly_tile_x\(.*", text)
   if tokens is None:  # M = 40, N = 256: the mma.sync shapes (pick_tc wants N >= 16384 up to 64)
-    assert x_rows == 0 and "tensor<40x256xbf16>" in call
+    assert x_rows == 0 and "tensor<40x256xbf16>" in call and not tiles
   else:
     assert x_rows == -(-m // tokens) * tokens
     assert f"tensor<4x{x_rows // 8}x512xbf16>" in call
+    # one tiling kernel of its own, no XLA transpose: x (M, Kp) in, the tiled blocks out
+    assert len(tiles) == 1 and f"(tensor<{m}x256xbf16>) -> tensor<4x{x_rows // 8}x512xbf16>" in tiles[0]
 
 
 def test_cta_shape_errors():
@@ -721,6 +724,18 @@ def test_kernel_every_tile(fmt, cta, m):
   # and over the tensor-core kernel's 4-step weight ring)
   _check(fmt, m, 1024, 1088, seed=rows + tokens + k_warps + m, out_dtype=jnp.float32, rows=rows,
          tokens=tokens, k_warps=k_warps)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,k,rows", [(1, 64, 32), (21, 192, 32), (70, 8192, 128), (128, 1088, 128), (300, 4096, 320)])
+def test_tile_x_kernel_matches_tiled_x(m, k, rows):
+  """The CUDA tiling kernel (jax_gmma_weightonly_tile_x) writes exactly tiled_x: every element,
+  zero rows past M."""
+  x = jnp.asarray(_rng(m + k).standard_normal((m, k)), jnp.bfloat16)
+  out = jax.ShapeDtypeStruct((k // 64, rows // 8, 512), jnp.bfloat16)
+  got = jax.jit(jax.ffi.ffi_call(wo.TILE_X_TARGET, out))(x)
+  want = wo.tiled_x(x, rows)
+  np.testing.assert_array_equal(np.asarray(got).view(np.uint16), np.asarray(want).view(np.uint16))
 
 
 @pytest.mark.gpu

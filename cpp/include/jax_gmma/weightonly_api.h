@@ -116,6 +116,20 @@ cudaError_t weightonly_grouped_run(const WoArgs& a, const WoGroups& g, cudaStrea
 // The CTA shape of the grouped kernel for M rows, G experts of (N, K) in a format.
 WoCta weightonly_grouped_pick(int64_t m, int64_t n, int64_t k, int64_t groups, WoScale scale);
 
+// The tensor-core kernel's tiled activations (WoArgs::x_rows) from a row-major x: one
+// memory-bound launch (FFI target jax_gmma_weightonly_tile_x; the layout is wo_tc_tiled_x in
+// weightonly_wgmma.cuh, jax_gmma.weightonly.tiled_x its JAX spelling).
+struct WoTileArgs {
+  int64_t m = 0, k = 0;             // x (M, K) bf16 row-major, K a multiple of 64
+  int64_t rows = 0;                 // M padded (a multiple of 8, >= M): rows M .. rows - 1 zero
+  const void* x = nullptr;
+  void* out = nullptr;              // (K / 64, rows / 8, 512) bf16
+};
+// nullptr when the tiling kernel can run `a`, else the reason.
+const char* weightonly_tile_x_check(const WoTileArgs& a);
+// Enqueues the tiling kernel on `stream` (one launch, nothing else).
+cudaError_t weightonly_tile_x_run(const WoTileArgs& a, cudaStream_t stream);
+
 // The unpack kernel (prefill path): prepared weight -> row-major (N, K) bf16 or float8_e4m3fn.
 struct WoUnpackArgs {
   int64_t n = 0, k = 0;             // N (multiple of 16), K = the *padded* K (multiple of 64)

@@ -108,18 +108,21 @@ constexpr bool wo_tc_shapes_ok() {
   for (int i = 0; i < kWoTcShapeCount; ++i) {
     const WoTcShape s = kWoTcShapes[i];
     if (s.nt != 32 && s.nt != 64 && s.nt != 128) return false;
-    if (s.threads() > 512 || wo_tc_smem_bytes(s) > 48 * 1024) return false;
+    if (s.threads() > 512 || wo_tc_bulk_smem_bytes(s) > 227 * 1024) return false;
+    if (wo_tc_grouped_shape(s) && wo_tc_smem_bytes(s) > 48 * 1024) return false;
     for (int j = i + 1; j < kWoTcShapeCount; ++j)
       if (kWoTcShapes[j].nt == s.nt && kWoTcShapes[j].wr == s.wr && kWoTcShapes[j].wk == s.wk) return false;
   }
   return true;
 }
-static_assert(wo_tc_shapes_ok(), "kWoTcShapes: N tile 32/64/128, <= 512 threads, <= 48 KiB, distinct rows");
+static_assert(wo_tc_shapes_ok(),
+              "kWoTcShapes: N tile 32/64/128, <= 512 threads, <= 227 KiB (grouped: 48 KiB), distinct rows");
 
 // wo_tc_tiled_x: the tiled activations of the dense kernel, one 1 KiB block per (64-K step j, 8 tokens g): byte
 // 128 c + 16 r + 4 t + 2 e of block (j, g) is x[8 g + r][64 j + 16 t + 2 c + e] (c, r < 8;
 // t < 4; e < 2), blocks in order (j, g), rows past M zero, M padded to a multiple of the CTA's
-// tokens (jax_gmma.weightonly.tiled_x builds it). A block is the shared-memory image of 8
+// tokens (weightonly_tile_x_run builds it, one launch before the GEMM's; jax_gmma.weightonly.tiled_x
+// is its JAX spelling). A block is the shared-memory image of 8
 // tokens x one 64-K step in the layout above: core matrix (token group, column c) 128 bytes.
 
 // The row of kWoTcShapes for (rows per CTA, tokens per CTA, warps along K), or -1.
