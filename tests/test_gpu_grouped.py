@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import jax_gmma
-from _cmdbuf import check_bit_identical_and_captured  # noqa: E402 (tests/ helper)
+from _cmdbuf import DETERMINISTIC_XLA, check_bit_identical_and_captured  # noqa: E402 (tests/ helper)
 from jax_gmma.ops import grouped
 from jax_gmma.ops import grouped_configs as gc
 
@@ -282,5 +282,6 @@ def test_deterministic():
 
 
 def test_command_buffers():
+  # XLA's ops around ragged_dot (router dot, top-k, scatters) varied between runs at 4096 rows
   check_bit_identical_and_captured("cmdbuf_grouped_child.py", names=("chain", "prefill", "prefill_wide"),
-                                   min_calls=40)
+                                   min_calls=40, extra_flags=DETERMINISTIC_XLA)
