@@ -371,26 +371,27 @@ WoCta weightonly_decode_pick(int64_t m, int64_t n, int64_t k, WoScale scale) {
 
 WoCta weightonly_tc_pick(int64_t m, int64_t n, int64_t k, WoScale scale) {
   // Measured on an H100 (NVFP4, kernel alone, weights rotated past L2; every shape of
-  // kWoTcShapes against the mma.sync shapes; x tiled, activations by bulk copies): from 33
-  // tokens at N >= 16384, from 65 below (8192 x 8192, 64 tokens: 44 us for the mma.sync 32x16
-  // shape against 56 for the best tensor-core one). Up to 64 tokens 64-token tiles, 256 rows
-  // where N gives at least 96 such blocks (28672 x 8192: 88 us against 92 for 128 rows); above,
-  // 128-token tiles, 128 rows where N gives at least 132 blocks, else 64 (128 tokens: 28672 x
-  // 8192 125 us, 8192 x 8192 57, against 179 and 68 for two 64-token tiles).
+  // kWoTcShapes against the mma.sync shapes at N = 4096 .. 28672; the figures are in
+  // jax_gmma.weightonly.pick_tc, which mirrors this). Where N gives few 64-row blocks, CTAs
+  // with more warp groups along K fill the 132 SMs.
   (void)k;
   (void)scale;
-  WoCta c;
-  if (m <= 32 || n % 128 != 0 || n / 128 > 65535) return c;  // none: the decode kernel's shapes
-  c.k_warps = 4;
+  if (m <= 16 || n % 64 != 0 || n / 64 > 65535) return WoCta{};  // none: the decode kernel's shapes
+  const int64_t blocks = n / 64;
+  const bool wide = n % 128 == 0 && n / 128 >= 132;
+  auto shape = [](int32_t rows, int32_t tokens, int32_t k_warps) { return WoCta{rows, tokens, k_warps}; };
+  if (m <= 32) return blocks >= 128 ? shape(64, 32, 16) : WoCta{};
   if (m <= 64) {
-    if (n / 16 < 1024) return WoCta{};
-    c.tokens = 64;
-    c.rows = n % 256 == 0 && n / 256 >= 96 ? 256 : 128;
-    return c;
+    if (blocks >= 192) return n % 256 == 0 && n / 256 >= 96 ? shape(256, 64, 4) : shape(64, 64, 8);
+    if (blocks >= 96 && blocks <= 132) return shape(64, 64, 16);
+    return blocks > 132 && m > 48 ? shape(64, 64, 8) : WoCta{};
   }
-  c.tokens = 128;
-  c.rows = n / 128 >= 132 ? 128 : 64;
-  return c;
+  if (m <= 128) {
+    if (wide) return shape(128, 128, 4);
+    if (blocks < 32) return WoCta{};
+    return blocks > 132 ? shape(64, 128, 4) : (blocks >= 96 ? shape(64, 128, 8) : shape(64, 64, 16));
+  }
+  return wide || n % 128 != 0 ? shape(64, 128, 4) : shape(128, 128, 4);
 }
 
 WoCta weightonly_resolve(const WoArgs& a) {

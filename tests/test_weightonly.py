@@ -481,20 +481,27 @@ def test_pick_cta():
   assert wo.pick_cta(16, 28672, 8192, "nvfp4") == (32, 16, 2)
   assert wo.pick_cta(16, 8192, 8192, "nvfp4") == (16, 16, 4)
   assert wo.pick_cta(16, 4096, 14336, "mxfp4") == (16, 16, 8)
-  # the tensor-core kernel from 33 tokens at N >= 16384, from 65 below: 64-token tiles of 256
-  # rows (128 where N gives fewer than 96 such blocks), 128-token tiles above 64 tokens of 128
-  # rows (64 where N gives fewer than 132 blocks)
-  assert wo.pick_cta(17, 28672, 8192, "nvfp4") == (32, 16, 2)
+  # the tensor-core kernel from 17 tokens where N gives at least 128 blocks of 64 rows; the
+  # shape follows how its CTAs fill the SMs (pick_tc)
+  assert wo.pick_cta(17, 28672, 8192, "nvfp4") == (64, 32, 16)
+  assert wo.pick_cta(24, 8192, 8192, "mxfp6_e2m3") == (64, 32, 16)
+  assert wo.pick_cta(24, 4096, 14336, "nvfp4")[1] == 16
   assert wo.pick_cta(33, 28672, 8192, "nvfp4") == (256, 64, 4)
-  assert wo.pick_cta(64, 16384, 8192, "nvfp4") == (128, 64, 4)
-  assert wo.pick_cta(64, 8192, 8192, "nvfp4") == (32, 16, 2)
-  assert wo.pick_cta(65, 8192, 8192, "mxfp4") == (64, 128, 4)
+  assert wo.pick_cta(64, 16384, 8192, "nvfp4") == (64, 64, 8)
+  assert wo.pick_cta(64, 8192, 8192, "nvfp4") == (64, 64, 16)
+  assert wo.pick_cta(40, 10240, 8192, "nvfp4")[1] == 16
+  assert wo.pick_cta(56, 10240, 8192, "nvfp4") == (64, 64, 8)
+  assert wo.pick_cta(64, 4096, 14336, "nvfp4")[1] == 16
+  assert wo.pick_cta(65, 8192, 8192, "mxfp4") == (64, 128, 8)
   assert wo.pick_cta(65, 28672, 8192, "mxfp4") == (128, 128, 4)
-  assert wo.pick_cta(127, 4096, 14336, "mxfp6_e2m3") == (64, 128, 4)
-  # N not a multiple of 128, or more than 65535 row blocks: the decode kernel's shapes
-  assert wo.pick_cta(100, 16 * 1028, 8192, "nvfp4")[1] == 16
+  assert wo.pick_cta(100, 14336, 4096, "nvfp4") == (64, 128, 4)
+  assert wo.pick_cta(127, 4096, 14336, "mxfp6_e2m3") == (64, 64, 16)
+  assert wo.pick_cta(200, 8192, 8192, "nvfp4") == (128, 128, 4)
+  assert wo.pick_cta(200, 28672, 8192, "nvfp4") == (64, 128, 4)
+  # N not a multiple of 64, or more than 65535 row blocks of 64: the decode kernel's shapes
+  assert wo.pick_cta(100, 16 * 1029, 8192, "nvfp4")[1] == 16
   assert wo.pick_cta(64, 16 * 3, 256, "nvfp4") == (16, 16, 8)
-  assert wo.pick_cta(64, 128 * 65535, 256, "nvfp4") == (128, 64, 4)  # odd count of 128-row blocks
+  assert wo.pick_cta(64, 128 * 65535, 256, "nvfp4")[1] == 16
   assert wo.pick_cta(64, 256 * 65536, 256, "nvfp4")[1] == 16
   # FP6
   assert wo.pick_cta(1, 28672, 8192, "mxfp6_e2m3") == (16, 8, 8)
@@ -509,7 +516,11 @@ def test_pick_cta():
         c = wo.pick_cta(m, n, 8192, fmt)
         table = wo.TC_SHAPES if c[1] >= 32 else wo.CTA_SHAPES
         assert c in table and n % c[0] == 0, (fmt, m, n, c)
-        assert (c[1] >= 32) == (n % 128 == 0 and (m > 64 or (m > 32 and n >= 16384))), (fmt, m, n, c)
+        blocks = n // 64 if n % 64 == 0 else 0
+        tc = m > 16 and (blocks >= 128 if m <= 32 else
+                         (blocks >= 96 and (blocks <= 132 or blocks >= 192 or m > 48)) if m <= 64 else
+                         blocks >= 32)
+        assert (c[1] >= 32) == tc, (fmt, m, n, c)
   # forcing: unset fields from the pick, k_warps 8 when rows / tokens are forced
   assert wo.resolve_cta(1, 28672, 8192, "nvfp4") == (16, 8, 2)
   assert wo.resolve_cta(1, 28672, 8192, "nvfp4", rows=32) == (32, 8, 8)
@@ -589,7 +600,7 @@ def test_cuda_lowering_tiles_x_for_tensor_core_shapes(fake_hopper, monkeypatch, 
   call = call[:call.index("\n")]
   x_rows = int(re.search(r"x_rows = (\d+)", call).group(1))
   tiles = re.findall(r"custom_call @jax_gmma_weightonly_tile_x\(.*", text)
-  if tokens is None:  # M = 40, N = 256: the mma.sync shapes (pick_tc wants N >= 16384 up to 64)
+  if tokens is None:  # M = 40, N = 256: the mma.sync shapes (too few 64-row blocks for pick_tc)
     assert x_rows == 0 and "tensor<40x256xbf16>" in call and not tiles
   else:
     assert x_rows == -(-m // tokens) * tokens

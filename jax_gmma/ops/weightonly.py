@@ -164,6 +164,7 @@ CTA_SHAPES = (
 #: (cpp/include/jax_gmma/weightonly_wgmma.cuh).
 TC_SHAPES = (
     (64, 32, 16), (128, 32, 8), (64, 64, 8), (128, 64, 4), (256, 64, 4), (64, 128, 4), (128, 128, 4),
+    (64, 128, 8), (64, 64, 16),
 )
 #: the tensor-core shapes' tokens (their x arrives tiled: :func:`tiled_x`)
 TC_TOKENS = (32, 64, 128)
@@ -1112,18 +1113,42 @@ def pick_cta(m: int, n: int, k: int, fmt: str) -> tuple:
 def pick_tc(m: int, n: int) -> Optional[tuple]:
   """The tensor-core kernel's CTA shape, or None where the mma.sync decode shapes are as fast
   (mirrors weightonly_tc_pick; measured on an H100, NVFP4, kernel alone, weights rotated past
-  L2): from 33 tokens when N >= 16384, from 65 otherwise; up to 64 tokens 64-token tiles of 256
-  rows where N gives at least 96 of them, else 128 (28672 x 8192, 64 tokens: 88 / 92 us; the
-  mma.sync shapes took 176 there); above 64 tokens 128-token tiles, 128 rows where N gives
-  at least 132 of them, else 64 (128 tokens: 28672 x 8192 125 us, 8192 x 8192 57, against 179
-  and 68 for two 64-token tiles)."""
-  if m <= 32 or n % 128 or n // 128 > MAX_ROW_BLOCKS:
+  L2, every shape against the mma.sync ones at N = 4096 .. 28672). What matters is how the CTAs
+  fill 132 SMs: where N gives few 64-row blocks, CTAs with more warp groups along K.
+
+  * 17-32 tokens, N >= 8192: 64 x 32 tiles, 4 K phases (8192 x 8192: 26.4 us against 32.5 for
+    mma.sync; MXFP6 28672 x 8192: 104 against 147).
+  * 33-64 tokens: 256 x 64 tiles where N gives at least 96 of them (28672 x 8192: 88.8 us),
+    64 x 64 tiles with 2 K phases from N = 12288 (14336 x 4096: 28.7 against 40-45; 16384 x
+    8192: 52.0 against 68.3 for 128 x 64), with 4 K phases where N gives 96-132 of them (8192 x
+    8192: 36.1-36.4 against 37.3-44.9), with 2 above 132 from 49 tokens (10240 x 8192: 51.3
+    against 72.3 at 56 tokens; mma.sync 44.8 at 40); mma.sync below N = 6144 (4096 x 14336:
+    41.8 against 58.3).
+  * 65-128 tokens: 128 x 128 tiles where N gives at least 132 of them (28672 x 8192: 124.8 us
+    against 200 for 64 x 128 with 2 K phases); else 64 x 128 with 1 K phase above 132 blocks
+    (14336 x 4096: 36.5 against 55.0), 2 K phases from 96 (8192 x 8192: 53.2 against 57.1),
+    and below 64 x 64 tiles with 4 K phases (4096 x 14336: 58.0 against 94.2).
+  * 129-256 tokens: 128 x 128 tiles where N gives fewer than 132 (8192 x 8192, 256 tokens:
+    64.3 us against 69.3), else 64 x 128 (28672 x 8192: 222 against 246)."""
+  if m <= 16 or n % 64 or n // 64 > MAX_ROW_BLOCKS:
     return None
+  blocks = n // 64
+  wide = n % 128 == 0 and n // 128 >= 132
+  if m <= 32:
+    return (64, 32, 16) if blocks >= 128 else None
   if m <= 64:
-    if n // 16 < 1024:
+    if blocks >= 192:
+      return (256, 64, 4) if n % 256 == 0 and n // 256 >= 96 else (64, 64, 8)
+    if 96 <= blocks <= 132:
+      return (64, 64, 16)
+    return (64, 64, 8) if blocks > 132 and m > 48 else None
+  if m <= 128:
+    if wide:
+      return (128, 128, 4)
+    if blocks < 32:
       return None
-    return (256, 64, 4) if n % 256 == 0 and n // 256 >= 96 else (128, 64, 4)
-  return (128, 128, 4) if n // 128 >= 132 else (64, 128, 4)
+    return (64, 128, 4) if blocks > 132 else (64, 128, 8) if blocks >= 96 else (64, 64, 16)
+  return (64, 128, 4) if wide else (128, 128, 4) if n % 128 == 0 else (64, 128, 4)
 
 
 def resolve_cta(m: int, n: int, k: int, fmt: str, rows=None, tokens=None, k_warps=None) -> tuple:
@@ -1137,16 +1162,13 @@ def resolve_cta(m: int, n: int, k: int, fmt: str, rows=None, tokens=None, k_warp
 
 
 #: ``path="auto"`` takes a prefill path (:func:`unpack` + a tensor-core GEMM) from this many
-#: tokens (M) on: the decode kernel re-reads the weights per 16 tokens, so its time grows with
-#: M, while the prefill paths pay one pass over the weights (the unpack kernel, ~3.5 TB/s) and
-#: then run at tensor-core speed. Measured on the H200 (2026-11-29
-#: the prefill switch, NVFP4, us, N x K = 8192 x 8192 / 28672 x 8192):
-#: M = 64: kernel 116 / 269, bf16 prefill path 98 / 285; M = 128: kernel 157 / 527, prefill
-#: 100 / 294; M = 256: kernel 304 / 1035, prefill 115 / 355. Re-measured with the current
-#: kernel shapes (2026-11-30-h200/, the prefill switch): M = 64: kernel 89 / 166, dequant
-#: 151 / 287; M = 96: 96 / 253 vs 144 / 301; M = 128: 94 / 325 vs 104 / 302 (a wash: +-10%);
-#: M = 192: 147 / 475 vs 173 / 337 -- 128 stays the switch.
-PREFILL_MIN_M = 128
+#: tokens (M) on: the kernels re-read the weights per token tile, so their time grows with M,
+#: while the prefill paths pay one pass over the weights (the unpack kernel, ~3.5 TB/s) and
+#: then run at tensor-core speed. Measured on an H100 (decode chains, NVFP4, µs per GEMM,
+#: 28672 x 8192 / 8192 x 8192): M = 128: tensor-core kernel 135.9 / 58.4, bf16 prefill path
+#: 218.3 / 96.6; M = 256: kernel 267.6 / 74.8 (the prefill path was not timed there; its
+#: 128-token time is a lower bound: a wash at 28672 x 8192 at most, the kernel ahead at 8192).
+PREFILL_MIN_M = 257
 PATHS = ("auto", "kernel", "dequant", "fp8", "fp8_rounded")
 
 

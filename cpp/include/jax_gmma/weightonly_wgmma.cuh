@@ -69,6 +69,7 @@ struct WoTcShape {
 };
 constexpr WoTcShape kWoTcShapes[] = {
     {32, 1, 4}, {32, 2, 2}, {64, 1, 2}, {64, 2, 1}, {64, 4, 1}, {128, 1, 1}, {128, 2, 1},
+    {128, 1, 2}, {64, 1, 4},
 };
 constexpr int kWoTcShapeCount = static_cast<int>(sizeof(kWoTcShapes) / sizeof(kWoTcShapes[0]));
 constexpr int kWoTcStages = 3;
@@ -84,11 +85,11 @@ inline bool wo_tc_grouped_shape_index(int index) {
   return index >= 0 && index < kWoTcShapeCount && wo_tc_grouped_shape(kWoTcShapes[index]);
 }
 
-// Dynamic shared memory of a shape: the activation rings of the WK phases, reused at the end for
-// the partial sums of phases 1 .. WK - 1. Kept within the 48 KiB that needs no opt-in (no
-// per-device function attribute to set).
 // The K phases' partial sums at the end (phases 1 .. WK - 1; rows padded by 4 floats).
 constexpr int wo_tc_red_bytes(WoTcShape s) { return (s.wk - 1) * s.nt * (s.rows() + 4) * 4; }
+// The grouped kernel's dynamic shared memory: the activation rings of the WK phases, reused at
+// the end for the partial sums. Kept within the 48 KiB that needs no opt-in (no per-device
+// function attribute to set).
 constexpr int wo_tc_smem_bytes(WoTcShape s) {
   const int ring = s.wk * kWoTcStages * s.nt * 128, red = wo_tc_red_bytes(s);
   return ring > red ? ring : red;
