@@ -9,7 +9,7 @@ import jaxlib
 from . import _backend, _version, primitive
 from .ops import grouped_configs, mx, quantize
 from .ops import tensorwise_configs as configs
-from .ops.weightonly import PREFILL_MIN_M, UNPACK_TARGET, WEIGHTONLY_TARGET
+from .ops.weightonly import PREFILL_MIN_M, TILE_X_TARGET, UNPACK_TARGET, WEIGHTONLY_TARGET
 
 
 def weightonly_path(devs) -> str:
@@ -24,13 +24,14 @@ def weightonly_path(devs) -> str:
     return f"ERROR at trace time unless the reference is allowed: {err}"
   if dev is None:
     return "pure-JAX reference (opted in)"
-  for target in (WEIGHTONLY_TARGET, UNPACK_TARGET):
+  for target in (WEIGHTONLY_TARGET, UNPACK_TARGET, TILE_X_TARGET):
     if target not in _registrations():
       return f"ERROR: the built library has no {target} handler (an older library); rebuild it"
   return (f"CUDA kernels (FP4/FP6 widened to bf16 in registers, XLA FFI {WEIGHTONLY_TARGET}: "
-          "sm90a mma.sync, 8 / 16 tokens per CTA; from 33 tokens (N >= 16384) or 65: sm90a "
-          "wgmma with the weights as its register operand and x tiled for its bulk copies, 64 "
-          f"tokens per CTA up to 64, 128 above; M >= {PREFILL_MIN_M}: "
+          "sm90a mma.sync, 8 / 16 tokens per CTA; from 17, 33, 49 or 65 tokens by N: sm90a "
+          "wgmma with the weights as its register operand and x tiled for its bulk copies "
+          f"({TILE_X_TARGET}), 32 / 64 / 128 tokens per CTA, the shape by how its CTAs fill the "
+          f"SMs; M >= {PREFILL_MIN_M}: "
           f"{UNPACK_TARGET} + a bf16 GEMM, or + jax-gmma's FP8 GEMM for FP8 x and MX weights)")
 
 

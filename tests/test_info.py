@@ -47,7 +47,7 @@ _HOPPER = types.SimpleNamespace(compute_capability="9.0")
 
 
 @pytest.mark.parametrize("targets", [("jax_gmma_weightonly_gemm", "jax_gmma_weightonly_unpack",
-                                      "jax_gmma_fp8_quantize", "jax_gmma_fp8_grouped_gemm",
+                                      "jax_gmma_weightonly_tile_x", "jax_gmma_fp8_quantize", "jax_gmma_fp8_grouped_gemm",
                                       "jax_gmma_weightonly_grouped_gemm"), ()])
 def test_paths_on_hopper_with_kernels(monkeypatch, targets):
   """Hopper with the kernels built: the kernels, when the library has their handlers."""
@@ -75,6 +75,10 @@ def test_weightonly_path_needs_the_unpack_handler(monkeypatch):
   monkeypatch.setattr(_backend, "ext", lambda: _FakeExt(("jax_gmma_weightonly_gemm",)))
   wo = info.weightonly_path([_HOPPER])
   assert wo.startswith("ERROR") and "no jax_gmma_weightonly_unpack handler" in wo, wo
+  # nor without the tensor-core shapes' x tiling kernel
+  monkeypatch.setattr(_backend, "ext", lambda: _FakeExt(("jax_gmma_weightonly_gemm", "jax_gmma_weightonly_unpack")))
+  wo = info.weightonly_path([_HOPPER])
+  assert wo.startswith("ERROR") and "no jax_gmma_weightonly_tile_x handler" in wo, wo
 
 
 def test_paths_on_gpu_without_kernels(monkeypatch):
