@@ -479,9 +479,10 @@ cudaError_t weightonly_unpack_run(const WoUnpackArgs& a, cudaStream_t stream) {
 namespace {
 
 // One thread per 16 bytes of the tiled x (wo_tc_tiled_x): 16-byte chunk q = 8 c + r of block
-// (j, g) = i / 64 holds the bf16 pairs x[8 g + r][64 j + 16 t + 2 c .. + 1], t = 0 .. 3, four
-// 4-byte loads 32 bytes apart (a warp reads 16-byte runs of 8 rows, the four loads fill them)
-// and one 16-byte store (a warp writes 512 contiguous bytes).
+// (j, g) = i / 64 holds the bf16 pairs x[8 g + r][64 j + 16 t + 2 c .. + 1], t = 0 .. 3: four
+// 4-byte loads 32 bytes apart (per load, a warp -- columns c 0-3 or 4-7 of one block -- reads
+// 16 bytes of each of 8 rows, the warp of the other four columns the other 16 of those 32-byte
+// sectors) and one 16-byte store (a warp writes 512 contiguous bytes).
 __global__ void wo_tile_x_kernel(const uint32_t* __restrict__ x, int64_t m, int64_t k, int64_t groups,
                                  uint4* __restrict__ out, int64_t chunks) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
