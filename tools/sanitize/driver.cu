@@ -838,6 +838,8 @@ const WoCase kWeightonly[] = {
     {kNvfp4, 33, 256, 320, 256, 64, 4, false, false, false, false},
     {kMxfp4, 128, 128, 1088, 64, 128, 4, false, true, true, true},
     {kMxfp6E2M3, 100, 256, 192, 128, 128, 4, true, false, false, false},
+    {kNvfp4, 96, 128, 1088, 64, 128, 8, false, true, true, true},
+    {kMxfp6E3M2, 50, 128, 576, 64, 64, 16, true, false, true, false},
     {kNvfp4, 48, 1024, 512, 0, 0, 0, false, true, true, false},
     // the grouped kernels (experts back to back, the kernel's own pick): the mma.sync one for a
     // few rows per expert slot, the tensor-core one from 17 (64 / 128-token tiles); empty
@@ -966,12 +968,32 @@ Outcome run_weightonly(const WoCase& c, Ctx& ctx) {
     cta = jax_gmma::weightonly_grouped_pick(m, n, kp, ng, a.scale);
     CK(jax_gmma::weightonly_grouped_run(a, g, ctx.stream));
   } else {
+    // The tensor-core shapes read x tiled: the tiling kernel writes it first (M padded to the
+    // CTA's tokens), so both kernels run under the tools.
+    cta = jax_gmma::weightonly_resolve(a);
+    DevBuf dtiled;
+    if (cta.tokens >= 32) {
+      jax_gmma::WoTileArgs t;
+      t.m = m, t.k = kp, t.rows = (m + cta.tokens - 1) / cta.tokens * cta.tokens;
+      t.x = dx.p();
+      dtiled.alloc(t.rows * kp * 2);
+      dtiled.fill(0xFF);  // NaN: a block the tiling kernel missed shows
+      t.out = dtiled.p();
+      if (const char* why = jax_gmma::weightonly_tile_x_check(t)) {
+        o.status = "FAIL";
+        o.detail = std::string("weightonly_tile_x_check: ") + why;
+        return o;
+      }
+      CK(jax_gmma::weightonly_tile_x_run(t, ctx.stream));
+      ++o.launches;
+      a.x = dtiled.p();
+      a.x_rows = t.rows;
+    }
     if (const char* why = jax_gmma::weightonly_check(a)) {
       o.status = "SKIP";
       o.detail = std::string("weightonly_check: ") + why;
       return o;
     }
-    cta = jax_gmma::weightonly_resolve(a);
     CK(jax_gmma::weightonly_run(a, ctx.stream));
   }
   ++o.launches;
@@ -1342,8 +1364,18 @@ std::string host_check(const std::string& family, int kind) {
     a.x = a.w_packed = a.w_scales = a.d = dummy;
     a.scale = static_cast<jax_gmma::WoScale>(c.fmt);
     a.rows_per_cta = c.rows, a.tokens_per_cta = c.tokens, a.k_warps = c.kw;
-    if (const char* why = jax_gmma::weightonly_check(a)) return std::string("weightonly_check: ") + why;
-    const jax_gmma::WoCta t = jax_gmma::weightonly_resolve(a);
+    jax_gmma::WoCta t;
+    if (c.sizes) {
+      jax_gmma::WoGroups g;
+      g.sizes = g.row_ids = static_cast<const int32_t*>(dummy);
+      g.count = static_cast<int64_t>(parse_sizes(c.sizes).size());
+      if (const char* why = jax_gmma::weightonly_grouped_check(a, g)) return std::string("weightonly_grouped_check: ") + why;
+      t = jax_gmma::weightonly_grouped_pick(c.m, c.n, c.kp, g.count, a.scale);
+    } else {
+      t = jax_gmma::weightonly_resolve(a);
+      if (t.tokens >= 32) a.x_rows = (c.m + t.tokens - 1) / t.tokens * t.tokens;  // x tiled first
+      if (const char* why = jax_gmma::weightonly_check(a)) return std::string("weightonly_check: ") + why;
+    }
     return "ok, cta " + std::to_string(t.rows) + "x" + std::to_string(t.tokens) + "/kw" + std::to_string(t.k_warps);
   }
   if (family == "unpack") {
