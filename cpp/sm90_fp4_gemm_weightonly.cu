@@ -386,9 +386,9 @@ WoCta weightonly_tc_pick(int64_t m, int64_t n, int64_t k, WoScale scale) {
     if (blocks >= 96 && blocks <= 132) return shape(64, 64, 16);
     return blocks > 132 && m > 48 ? shape(64, 64, 8) : WoCta{};
   }
+  if (blocks < 32) return WoCta{};
   if (m <= 128) {
     if (wide) return shape(128, 128, 4);
-    if (blocks < 32) return WoCta{};
     return blocks > 132 ? shape(64, 128, 4) : (blocks >= 96 ? shape(64, 128, 8) : shape(64, 64, 16));
   }
   return wide || n % 128 != 0 ? shape(64, 128, 4) : shape(128, 128, 4);

@@ -498,6 +498,7 @@ def test_pick_cta():
   assert wo.pick_cta(127, 4096, 14336, "mxfp6_e2m3") == (64, 64, 16)
   assert wo.pick_cta(200, 8192, 8192, "nvfp4") == (128, 128, 4)
   assert wo.pick_cta(200, 28672, 8192, "nvfp4") == (64, 128, 4)
+  assert wo.pick_cta(200, 1024, 8192, "nvfp4")[1] == 16  # fewer than 32 blocks of 64 rows
   # N not a multiple of 64, or more than 65535 row blocks of 64: the decode kernel's shapes
   assert wo.pick_cta(100, 16 * 1029, 8192, "nvfp4")[1] == 16
   assert wo.pick_cta(64, 16 * 3, 256, "nvfp4") == (16, 16, 8)
@@ -535,9 +536,10 @@ def test_pick_cta_matches_the_cpp_rule():
   e = _backend.ext()
   if e is None or not e.cuda_built() or not hasattr(e, "weightonly_pick"):
     pytest.skip("jax_gmma extension not built with CUDA kernels (source tree / no nvcc)")
-  strips = (1, 3, 4, 255, 256, 257, 383, 384, 511, 512, 513, 1023, 1024, 1025, 1028, 1792)
+  strips = (1, 3, 4, 127, 128, 255, 256, 257, 383, 384, 511, 512, 513, 528, 532, 767, 768, 1023,
+            1024, 1025, 1028, 1536, 1584, 1792)
   for fmt in wo.WEIGHT_FORMATS:
-    for m in (1, 2, 8, 9, 15, 16, 17, 32, 33, 64, 65, 127):
+    for m in (1, 2, 8, 9, 15, 16, 17, 32, 33, 48, 49, 64, 65, 127, 128, 129, 200, 256):
       for n in [16 * s for s in strips]:
         for k in (64, 8192, 16320, 16384, 28672):
           assert wo.pick_cta(m, n, k, fmt) == tuple(e.weightonly_pick(m, n, k, wo.SCALE_KIND[fmt])), (

@@ -1127,7 +1127,8 @@ def pick_tc(m: int, n: int) -> Optional[tuple]:
   * 65-128 tokens: 128 x 128 tiles where N gives at least 132 of them (28672 x 8192: 124.8 us
     against 200 for 64 x 128 with 2 K phases); else 64 x 128 with 1 K phase above 132 blocks
     (14336 x 4096: 36.5 against 55.0), 2 K phases from 96 (8192 x 8192: 53.2 against 57.1),
-    and below 64 x 64 tiles with 4 K phases (4096 x 14336: 58.0 against 94.2).
+    and below 64 x 64 tiles with 4 K phases (4096 x 14336: 58.0 against 94.2); mma.sync below
+    32 blocks (N < 2048), here and above 128 tokens.
   * 129-256 tokens: 128 x 128 tiles where N gives fewer than 132 (8192 x 8192, 256 tokens:
     64.3 us against 69.3), else 64 x 128 (28672 x 8192: 222 against 246)."""
   if m <= 16 or n % 64 or n // 64 > MAX_ROW_BLOCKS:
@@ -1142,11 +1143,11 @@ def pick_tc(m: int, n: int) -> Optional[tuple]:
     if 96 <= blocks <= 132:
       return (64, 64, 16)
     return (64, 64, 8) if blocks > 132 and m > 48 else None
+  if blocks < 32:
+    return None
   if m <= 128:
     if wide:
       return (128, 128, 4)
-    if blocks < 32:
-      return None
     return (64, 128, 4) if blocks > 132 else (64, 128, 8) if blocks >= 96 else (64, 64, 16)
   return (64, 128, 4) if wide else (128, 128, 4) if n % 128 == 0 else (64, 128, 4)
 
