@@ -9,7 +9,8 @@ import jaxlib
 from . import _backend, _version, primitive
 from .ops import grouped_configs, mx, quantize
 from .ops import tensorwise_configs as configs
-from .ops.weightonly import PREFILL_MIN_M, TILE_X_TARGET, UNPACK_TARGET, WEIGHTONLY_TARGET
+from .ops.weightonly import (PREFILL_FP8_MIN_M, PREFILL_MIN_M, TILE_X_TARGET, UNPACK_TARGET,
+                             WEIGHTONLY_TARGET)
 
 
 def weightonly_path(devs) -> str:
@@ -31,8 +32,8 @@ def weightonly_path(devs) -> str:
           "sm90a mma.sync, 8 / 16 tokens per CTA; from 17, 33, 49 or 65 tokens by N: sm90a "
           "wgmma with the weights as its register operand and x tiled for its bulk copies "
           f"({TILE_X_TARGET}), 32 / 64 / 128 tokens per CTA, the shape by how its CTAs fill the "
-          f"SMs; M >= {PREFILL_MIN_M}: "
-          f"{UNPACK_TARGET} + a bf16 GEMM, or + jax-gmma's FP8 GEMM for FP8 x and MX weights)")
+          f"SMs; M >= {PREFILL_MIN_M}: {UNPACK_TARGET} + a bf16 GEMM; FP8 x and MX weights from "
+          f"M = {PREFILL_FP8_MIN_M}: {UNPACK_TARGET} + jax-gmma's FP8 GEMM)")
 
 
 def quantize_path(devs) -> str:

@@ -349,8 +349,15 @@ def test_fp8_route_matches_float64(fmt, xdt):
   assert "jax_gmma_weightonly_unpack" in text and "fp8_gemm" in text
   text = str(jax.make_jaxpr(lambda x, wp: jax_gmma.weightonly_gemm(x, wp))(x.astype(jnp.bfloat16), wp))
   assert "jax_gmma_weightonly_unpack" in text and "fp8_gemm" not in text and "dot_general" in text
-  text = str(jax.make_jaxpr(lambda x, wp: jax_gmma.weightonly_gemm(x, wp))(x[:wo.PREFILL_MIN_M - 1], wp))
+  text = str(jax.make_jaxpr(lambda x, wp: jax_gmma.weightonly_gemm(x, wp))(x[:wo.PREFILL_FP8_MIN_M - 1], wp))
   assert "jax_gmma_weightonly_gemm" in text and "unpack" not in text
+  # FP8 x keeps the FP8 route from PREFILL_FP8_MIN_M; bf16 x stays on the kernels up to PREFILL_MIN_M - 1
+  text = str(jax.make_jaxpr(lambda x, wp: jax_gmma.weightonly_gemm(x, wp))(x[:wo.PREFILL_FP8_MIN_M], wp))
+  assert "jax_gmma_weightonly_unpack" in text and "fp8_gemm" in text
+  xb = x.astype(jnp.bfloat16)[:wo.PREFILL_MIN_M - 1]
+  text = str(jax.make_jaxpr(lambda x, wp: jax_gmma.weightonly_gemm(x, wp))(xb, wp))
+  assert "jax_gmma_weightonly_gemm" in text and "unpack" not in text
+  assert wo.PREFILL_FP8_MIN_M < wo.PREFILL_MIN_M <= m
 
 
 def test_fp8_route_errors():

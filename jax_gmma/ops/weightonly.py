@@ -88,7 +88,8 @@ its block's codes (exact).
 
 K is padded to a multiple of 64 (the tile) with zero weights, as for FP4: any K works.
 
-**Prefill** (M >= :data:`PREFILL_MIN_M`; :func:`weightonly_gemm`'s ``path``). One kernel,
+**Prefill** (M >= :data:`PREFILL_MIN_M`, or :data:`PREFILL_FP8_MIN_M` for the "fp8" path;
+:func:`weightonly_gemm`'s ``path``). One kernel,
 :func:`unpack` (FFI target ``jax_gmma_weightonly_unpack``), turns the prepared bytes into a plain
 (N, Kp) matrix in one memory-bound pass, then a tensor-core GEMM runs on it:
 
@@ -1170,6 +1171,10 @@ def resolve_cta(m: int, n: int, k: int, fmt: str, rows=None, tokens=None, k_warp
 #: 218.3 / 96.6; M = 256: kernel 267.6 / 74.8 (the prefill path was not timed there; its
 #: 128-token time is a lower bound: a wash at 28672 x 8192 at most, the kernel ahead at 8192).
 PREFILL_MIN_M = 257
+#: The same switch for the "fp8" prefill path (FP8 x, MX weights with ``fp8_exact``): it runs on
+#: FP8 tensor cores, twice the bf16 rate the kernels have, and stays at 128 tokens, where it was
+#: set (not re-measured against the tensor-core kernels).
+PREFILL_FP8_MIN_M = 128
 PATHS = ("auto", "kernel", "dequant", "fp8", "fp8_rounded")
 
 
@@ -1227,14 +1232,14 @@ def weightonly_gemm(x, w: PackedWeight, *, x_scale=None, bias=None, out_dtype=No
       GEMM with per-token x per-channel scales), "fp8_rounded" (the same for FP8 x and any
       format, every weight rounded to nearest e4m3 after a power-of-two row scale that keeps
       its row's largest possible weight <= 448: not exact, at most 2^-4 relative per normal
-      weight; only when asked for), or "auto" (default): "kernel" when M < :data:`PREFILL_MIN_M`,
-      else "fp8" where it applies, else "dequant" ("auto" never rounds the weights).
+      weight; only when asked for), or "auto" (default): "fp8" where it applies from
+      :data:`PREFILL_FP8_MIN_M` tokens, "dequant" from :data:`PREFILL_MIN_M`, else "kernel"
+      ("auto" never rounds the weights).
 
   The kernel path is two kernels on the same prepared weight: the mma.sync decode kernel (it
-  streams the weights at HBM speed at a few tokens) and, from 33 tokens at N >= 16384 or 65
-  otherwise, the tensor-core kernel (the decoded weights are wgmma's register operand, 64 tokens
-  per CTA tile; :func:`pick_cta`).
-  Both are correct for any M; from :data:`PREFILL_MIN_M` tokens "auto" takes a prefill path. All paths multiply the same exact operands; the bf16 ones accumulate in float32, the
+  streams the weights at HBM speed at a few tokens) and, from 17, 33, 49 or 65 tokens by N, the
+  tensor-core kernel (the decoded weights are wgmma's register operand, 32 / 64 / 128 tokens per
+  CTA tile; :func:`pick_tc`). Both are correct for any M. All paths multiply the same exact operands; the bf16 ones accumulate in float32, the
   FP8 GEMM in the tensor cores' narrower accumulator within each 128 of K and in float32 across
   them (float32 outputs agree with a float64 reference to ~1e-4 instead of ~1e-6).
   """
@@ -1332,7 +1337,7 @@ def _gemm(x, w, *, x_scale, bias, out_dtype, rows, tokens, k_warps, path, who):
                        "path='fp8_rounded'")
   if path == "auto":
     # A symbolic M (jax.export) takes the kernel: it is right for every M.
-    if not concrete or m < PREFILL_MIN_M or forced:
+    if not concrete or m < (PREFILL_FP8_MIN_M if fp8_ok else PREFILL_MIN_M) or forced:
       path = "kernel"
     else:
       path = "fp8" if fp8_ok else "dequant"
