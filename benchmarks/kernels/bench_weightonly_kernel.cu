@@ -377,11 +377,6 @@ int run(int argc, char** argv) {
 // Every CTA shape of kWoCtaShapes against the first one on random codes and activations,
 // float32 output (the K sums differ only in order): the max relative difference per shape.
 // Returns the number of shapes over 1e-5.
-// The tensor-core shapes' tiled x rows (M padded to the CTA's tokens), 0 for the others.
-int64_t tiled_rows(int64_t m, const jax_gmma::WoCta& c) {
-  return c.tokens >= 32 ? (m + c.tokens - 1) / c.tokens * c.tokens : 0;
-}
-
 int verify_shapes(jax_gmma::WoScale fmt, const char* name, int64_t n, int64_t k, int m) {
   using namespace jax_gmma;
   const int64_t wbytes = n * k / 1024 * weightonly_tile_bytes(fmt);
@@ -451,7 +446,7 @@ int time_one(int argc, char** argv) {
   const timing::WeightCopies wc(s, a.n, a.k);
   void *x, *d;
   const WoCta c = weightonly_resolve(a);
-  a.x_rows = tiled_rows(a.m, c);  // the tensor-core shapes read x tiled (contents: timing only)
+  a.x_rows = weightonly_x_rows(a.m, c);  // the tensor-core shapes read x tiled (contents: timing only)
   const int64_t xbytes = std::max<int64_t>(a.m, a.x_rows) * a.k * 2;
   CHECK(cudaMalloc(&x, xbytes));
   CHECK(cudaMemset(x, 0x3f, xbytes));
@@ -509,7 +504,7 @@ int main(int argc, char** argv) {
           }
           a.scale = f.s;
           a.w_packed = wc.w[0]; a.w_scales = wc.s[0];
-          a.x_rows = tiled_rows(m, weightonly_resolve(a));
+          a.x_rows = weightonly_x_rows(m, weightonly_resolve(a));
           if (weightonly_check(a)) continue;
           const WoCta c = weightonly_resolve(a);
           const double us = timing::us_per_launch(wc, iters, [&](void* w, void* s) {

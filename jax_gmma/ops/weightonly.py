@@ -903,7 +903,8 @@ def _epilogue(acc, x_scale, bias, *, out_dtype, has_x_scale: bool, has_bias: boo
 # -- the primitive ----------------------------------------------------------------------------
 
 def tc_rows(m: int, tokens: int) -> int:
-  """The tensor-core kernel's padded token count: M rounded up to the CTA's tokens."""
+  """The tensor-core kernel's padded token count: M rounded up to the CTA's tokens (C++:
+  weightonly_x_rows)."""
   return -(-m // tokens) * tokens
 
 
@@ -1150,7 +1151,7 @@ def pick_tc(m: int, n: int) -> Optional[tuple]:
     if wide:
       return (128, 128, 4)
     return (64, 128, 4) if blocks > 132 else (64, 128, 8) if blocks >= 96 else (64, 64, 16)
-  return (64, 128, 4) if wide else (128, 128, 4) if n % 128 == 0 else (64, 128, 4)
+  return (128, 128, 4) if n % 128 == 0 and not wide else (64, 128, 4)
 
 
 def resolve_cta(m: int, n: int, k: int, fmt: str, rows=None, tokens=None, k_warps=None) -> tuple:

@@ -974,7 +974,7 @@ Outcome run_weightonly(const WoCase& c, Ctx& ctx) {
     DevBuf dtiled;
     if (cta.tokens >= 32) {
       jax_gmma::WoTileArgs t;
-      t.m = m, t.k = kp, t.rows = (m + cta.tokens - 1) / cta.tokens * cta.tokens;
+      t.m = m, t.k = kp, t.rows = jax_gmma::weightonly_x_rows(m, cta);
       t.x = dx.p();
       dtiled.alloc(t.rows * kp * 2);
       dtiled.fill(0xFF);  // NaN: a block the tiling kernel missed shows
@@ -1373,7 +1373,7 @@ std::string host_check(const std::string& family, int kind) {
       t = jax_gmma::weightonly_grouped_pick(c.m, c.n, c.kp, g.count, a.scale);
     } else {
       t = jax_gmma::weightonly_resolve(a);
-      if (t.tokens >= 32) a.x_rows = (c.m + t.tokens - 1) / t.tokens * t.tokens;  // x tiled first
+      a.x_rows = jax_gmma::weightonly_x_rows(c.m, t);  // the tensor-core shapes: x tiled first
       if (const char* why = jax_gmma::weightonly_check(a)) return std::string("weightonly_check: ") + why;
     }
     return "ok, cta " + std::to_string(t.rows) + "x" + std::to_string(t.tokens) + "/kw" + std::to_string(t.k_warps);

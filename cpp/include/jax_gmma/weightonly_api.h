@@ -78,6 +78,12 @@ struct WoCta {
   int32_t rows = 0, tokens = 0, k_warps = 0;
 };
 
+// The x_rows a CTA shape takes for M tokens: M padded to its tokens for the tensor-core shapes
+// (32 tokens or more: x tiled, weightonly_tile_x_run), 0 for the decode shapes (x row-major).
+inline int64_t weightonly_x_rows(int64_t m, const WoCta& c) {
+  return c.tokens >= 32 ? (m + c.tokens - 1) / c.tokens * c.tokens : 0;
+}
+
 // nullptr when the kernel can run `a` (shapes, alignment, config), else the reason.
 const char* weightonly_check(const WoArgs& a);
 // Enqueues the kernel on `stream` (nothing else: no memset, no workspace, no sync).
