@@ -230,14 +230,16 @@ def plot(path, rows):
 
 
 def write_sweep(out_dir, name, meta, rows, markdown_fn, plot_fn):
-  """DIR/NAME.json (meta + rows), .md (markdown_fn) and .png (plot_fn)."""
+  """DIR/NAME.json (meta + rows), .md (markdown_fn) and .png (plot_fn; None: no plot, as for the
+  partial files a sweep rewrites after every row)."""
   os.makedirs(out_dir, exist_ok=True)
   base = os.path.join(out_dir, name)
   with open(base + ".json", "w") as f:
     json.dump(dict(meta=meta, rows=rows), f, indent=1)
   with open(base + ".md", "w") as f:
     f.write(markdown_fn(meta, rows))
-  plot_fn(base + ".png", rows)
+  if plot_fn is not None:
+    plot_fn(base + ".png", rows)
 
 
 def sweep_parser(doc, default_nk, default_ms):
@@ -246,14 +248,31 @@ def sweep_parser(doc, default_nk, default_ms):
   p.add_argument("--out", default="bench_out")
   p.add_argument("--nk", default=default_nk, help="comma list of NxK")
   p.add_argument("--ms", default=default_ms, help="comma list of M")
-  p.add_argument("--report", metavar="DIR", help="re-render DIR's JSON as markdown and PNG")
+  p.add_argument("--report", metavar="DIR[,DIR...]",
+                 help="re-render DIR's JSON as markdown and PNG; several DIRs (runs of other "
+                      "shapes on the same GPU): their rows merged into --out")
   return p
 
 
-def rerender(report_dir, name, markdown_fn, plot_fn):
-  with open(os.path.join(report_dir, name + ".json")) as f:
-    data = json.load(f)
-  write_sweep(report_dir, name, data["meta"], data["rows"], markdown_fn, plot_fn)
+def rerender(report_dirs, name, markdown_fn, plot_fn, out_dir=None):
+  """Re-renders the JSON of one run directory in place, or merges several (comma list) into
+  ``out_dir``: the rows in the order given, the first run's meta with every run's meta under
+  ``merged`` and the failures of all. Runs on different devices are refused."""
+  dirs = [d for d in report_dirs.split(",") if d]
+  runs = []
+  for d in dirs:
+    with open(os.path.join(d, name + ".json")) as f:
+      runs.append(json.load(f))
+  devices = {r["meta"]["device"] for r in runs}
+  if len(devices) > 1:
+    raise SystemExit(f"--report: runs of different devices cannot be merged: {sorted(devices)}")
+  meta = dict(runs[0]["meta"])
+  rows = [row for r in runs for row in r["rows"]]
+  if len(runs) > 1:
+    meta["merged"] = [r["meta"] for r in runs]
+    meta["failures"] = [f for r in runs for f in r["meta"].get("failures", [])]
+    meta["partial"] = any(r["meta"].get("partial", False) for r in runs)
+  write_sweep(dirs[0] if len(runs) == 1 else out_dir, name, meta, rows, markdown_fn, plot_fn)
   return 0
 
 
@@ -273,7 +292,7 @@ def sweep_meta(**extra):
 def main(argv=None):
   a = sweep_parser(__doc__, DEFAULT_NK, DEFAULT_MS).parse_args(argv)
   if a.report:
-    return rerender(a.report, NAME, markdown, plot)
+    return rerender(a.report, NAME, markdown, plot, a.out)
   nk, ms = grid(a)
   meta = sweep_meta(rel_diff_reference="the wgmma swap config's output (XLA-quantized activation)")
   t0 = time.time()

@@ -223,7 +223,9 @@ def torch_4bit_note():
   return None if len(missing) < len(TORCH_4BIT) else f"no 4-bit torch kernel importable ({', '.join(missing)})"
 
 
-def measure(nk, ms, formats, log, repeats=5, rounds=2, wo_kernel=False, torch_peer=None):
+def measure(nk, ms, formats, log, repeats=5, rounds=2, wo_kernel=False, torch_peer=None,
+            on_row=None):
+  """Every (shape, M) cell; on_row(rows, failures) after each (the partial report)."""
   rows, failures = [], []
   warm_gpu(1.0)
   bps = hbm_bps(jax.devices()[0].device_kind)
@@ -281,6 +283,8 @@ def measure(nk, ms, formats, log, repeats=5, rounds=2, wo_kernel=False, torch_pe
           log(f"  {TORCH_FP8} at {m}x{n}x{k}: skipped ({type(e).__name__}: {str(e).splitlines()[0][:120]})")
       rows.append(row)
       log(f"{m:4d} x {n} x {k}: " + ", ".join(f"{nm} {v:.1f}" for nm, v in row["us"].items()))
+      if on_row is not None:
+        on_row(rows, failures)
     del ws
   return rows, failures
 
@@ -308,16 +312,18 @@ def markdown(meta, rows):
   extra = sorted({nm for r in rows for nm in r["us"] if "/" in nm})
   names = [nm for nm in (*OURS, *extra, "bf16", "jnn_mxfp8", TORCH_FP8)
            if any(nm in r["us"] for r in rows)]
-  out = ["# Batched-decode sweep: every weight format against XLA's FP8 dot", "",
-         f"- date: {meta['date']}", f"- device: {meta['device']}",
-         f"- jax {meta['jax']}, jax-gmma {meta['jax_gmma']}; XLA_FLAGS='{meta['xla_flags']}'",
-         f"- chains of {CHAIN} dependent GEMMs in one jitted program, bf16 activation in and out, "
-         "µs per GEMM (median); cells: speed vs XLA's FP8 dot (XLA µs / ours; > 1: faster)",
-         "- goals (bold: short of it): FP4 >= 1.5x up to 16 tokens, 1.3x up to 64, 1.0x up to 256; "
-         f"FP6 1.2x / 1.1x / 1.0x; fp8_channel / fp8_tensor >= 1.0x; mxfp8 >= {MXFP8_VS_CHANNEL}x our "
-         "fp8_channel", "",
-         "| N x K | M | XLA FP8 µs | " + " | ".join(names) + " |",
-         "|---|---|---|" + "---|" * len(names)]
+  out = ["# Batched-decode sweep: every weight format against XLA's FP8 dot", ""]
+  if meta.get("partial"):
+    out += ["**Partial: the run stopped before its end; these are the cells it finished.**", ""]
+  out += [f"- date: {meta['date']}", f"- device: {meta['device']}",
+          f"- jax {meta['jax']}, jax-gmma {meta['jax_gmma']}; XLA_FLAGS='{meta['xla_flags']}'",
+          f"- chains of {CHAIN} dependent GEMMs in one jitted program, bf16 activation in and out, "
+          "µs per GEMM (median); cells: speed vs XLA's FP8 dot (XLA µs / ours; > 1: faster)",
+          "- goals (bold: short of it): FP4 >= 1.5x up to 16 tokens, 1.3x up to 64, 1.0x up to 256; "
+          f"FP6 1.2x / 1.1x / 1.0x; fp8_channel / fp8_tensor >= 1.0x; mxfp8 >= {MXFP8_VS_CHANNEL}x our "
+          "fp8_channel", "",
+          "| N x K | M | XLA FP8 µs | " + " | ".join(names) + " |",
+          "|---|---|---|" + "---|" * len(names)]
   for r in rows:
     cells = []
     for nm in names:
@@ -372,7 +378,7 @@ def main(argv=None):
   p.add_argument("--no-torch", action="store_true", help="skip the torch peers")
   a = p.parse_args(argv)
   if a.report:
-    return rerender(a.report, NAME, markdown, plot)
+    return rerender(a.report, NAME, markdown, plot, a.out)
   nk, ms = grid(a)
   formats = tuple(f for f in a.formats.split(",") if f)
   bad = [f for f in formats if f not in OURS]
@@ -383,9 +389,13 @@ def main(argv=None):
   meta["torch"] = tp.version if tp.ok else tp.note
   meta["torch_4bit"] = torch_4bit_note() if tp.ok else tp.note
   t0 = time.time()
+  # After every cell the JSON and the table are rewritten, marked partial, so a run stopped early
+  # keeps what it measured (the plot comes at the end).
+  partial = lambda rows, failures: write_sweep(a.out, NAME, dict(meta, failures=failures, partial=True),
+                                               rows, markdown, None)
   rows, failures = measure(nk, ms, formats, lambda s: print(s, flush=True), a.repeats, a.rounds,
-                           a.wo_kernel, tp)
-  meta["failures"] = failures
+                           a.wo_kernel, tp, partial)
+  meta.update(failures=failures, partial=False)
   write_sweep(a.out, NAME, meta, rows, markdown, plot)
   print(f"wrote {a.out}/{NAME}.{{json,md,png}} in {time.time() - t0:.0f} s")
   return exit_code(failures)

@@ -53,7 +53,19 @@ def test_tiny_sweep_writes_checked_results(tmp_path):
   assert data["meta"]["torch"].startswith("skipped") and data["meta"]["torch_4bit"]
   assert decode_sweep.TORCH_FP8 not in data["rows"][0]["us"]
   assert set(data["rows"][0]["floor_us"]) >= {"fp8_channel", "wo:nvfp4", "xla_fp8"}
+  assert data["meta"]["partial"] is False
   assert decode_sweep.main(["--report", str(out)]) == 0
+  # Two runs of other shapes merge into one report (rows in order, failures of both).
+  other = tmp_path / "other"
+  other.mkdir()
+  data2 = dict(meta=dict(data["meta"], failures=["x"]), rows=[dict(data["rows"][0], n=256)])
+  (other / "decode_sweep.json").write_text(json.dumps(data2))
+  merged = tmp_path / "merged"
+  assert decode_sweep.main(["--report", f"{out},{other}", "--out", str(merged)]) == 0
+  both = json.loads((merged / "decode_sweep.json").read_text())
+  assert [(r["n"], r["m"]) for r in both["rows"]] == [(128, 1), (128, 20), (256, 1)]
+  assert both["meta"]["failures"] == ["x"] and len(both["meta"]["merged"]) == 2
+  assert "| 256 x 256 | 1 |" in (merged / "decode_sweep.md").read_text()
 
 
 def test_unknown_format_is_refused():
