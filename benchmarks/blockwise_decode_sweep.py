@@ -269,6 +269,15 @@ def rerender(report_dirs, name, markdown_fn, plot_fn, out_dir=None):
   meta = dict(runs[0]["meta"])
   rows = [row for r in runs for row in r["rows"]]
   if len(runs) > 1:
+    # One table: each shape's rows together (shapes in order of first appearance), by M.
+    seen = {}
+    for row in rows:
+      seen.setdefault((row["n"], row["k"]), len(seen))
+    cells = [(row["n"], row["k"], row["m"]) for row in rows]
+    if len(set(cells)) != len(cells):
+      raise SystemExit("--report: the runs measured some (N, K, M) cells twice: "
+                       f"{sorted({c for c in cells if cells.count(c) > 1})}")
+    rows.sort(key=lambda row: (seen[(row["n"], row["k"])], row["m"]))
     meta["merged"] = [r["meta"] for r in runs]
     meta["failures"] = [f for r in runs for f in r["meta"].get("failures", [])]
     meta["partial"] = any(r["meta"].get("partial", False) for r in runs)

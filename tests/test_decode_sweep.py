@@ -58,14 +58,17 @@ def test_tiny_sweep_writes_checked_results(tmp_path):
   # Two runs of other shapes merge into one report (rows in order, failures of both).
   other = tmp_path / "other"
   other.mkdir()
-  data2 = dict(meta=dict(data["meta"], failures=["x"]), rows=[dict(data["rows"][0], n=256)])
+  data2 = dict(meta=dict(data["meta"], failures=["x"]), rows=[dict(data["rows"][0], n=256),
+                                                             dict(data["rows"][0], m=8)])
   (other / "decode_sweep.json").write_text(json.dumps(data2))
   merged = tmp_path / "merged"
   assert decode_sweep.main(["--report", f"{out},{other}", "--out", str(merged)]) == 0
   both = json.loads((merged / "decode_sweep.json").read_text())
-  assert [(r["n"], r["m"]) for r in both["rows"]] == [(128, 1), (128, 20), (256, 1)]
+  assert [(r["n"], r["m"]) for r in both["rows"]] == [(128, 1), (128, 8), (128, 20), (256, 1)]
   assert both["meta"]["failures"] == ["x"] and len(both["meta"]["merged"]) == 2
   assert "| 256 x 256 | 1 |" in (merged / "decode_sweep.md").read_text()
+  with pytest.raises(SystemExit, match="twice"):
+    decode_sweep.main(["--report", f"{out},{out}", "--out", str(merged)])
 
 
 def test_unknown_format_is_refused():
