@@ -52,6 +52,27 @@ def test_decode_many_weight_rows_streams_with_stream_k():
     assert (cfg.name, s) == (want, configs.STREAM_K_HEURISTIC), (m, cfg.name, s)
 
 
+def test_batched_decode_65_to_128_tokens():
+  # Swap-AB 128 x 64 stream-K tiles while N / 128 x 2 of them fit one wave; else the 128 x 128
+  # tile without a split when it has a wave of tiles, stream-K otherwise; from 129 tokens and with
+  # fast accumulation the large-tile rule as before.
+  for n, k in ((8192, 8192), (4096, 4096), (5120, 27648), (8192, 28672)):
+    for m in (65, 96, 128):
+      cfg, s = configs.select_config(prob(m, n, k), 132)
+      assert (cfg.name, s) == ("swap_128x64x128_coop_streamk_2lvl", configs.STREAM_K_HEURISTIC), (m, n)
+  cfg, s = configs.select_config(prob(96, 28672, 8192), 132)
+  assert (cfg.name, s) == ("128x128x128_c1x1_coop_streamk_2lvl", 1)
+  cfg, s = configs.select_config(prob(96, 14336, 4096), 132)  # 112 tiles of 128 x 128
+  assert (cfg.name, s) == ("128x128x128_c1x1_coop_streamk_2lvl", configs.STREAM_K_HEURISTIC)
+  cfg, s = configs.select_config(prob(129, 8192, 8192), 132)
+  assert (cfg.name, s) == ("128x128x128_c1x1_coop_streamk_2lvl", configs.STREAM_K_HEURISTIC)
+  cfg, _ = configs.select_config(prob(96, 8192, 8192), 132, fast_accum=True)
+  assert not cfg.swap_ab
+  # A forced split stays the caller's.
+  cfg, s = configs.select_config(prob(96, 28672, 8192), 132, splits=2)
+  assert (cfg.name, s) == ("128x128x128_c1x1_coop_streamk_2lvl", 2)
+
+
 def test_decode_short_k_many_weight_rows_takes_warp_specialized_tiles():
   # 32 / 64 tokens, more 64-row tiles than SMs, K <= WS_SHALLOW_MAX_K: non-persistent 64-row
   # tiles, unsplit (kernel alone: 1.08-1.27x the persistent ping-pong tile); 64

@@ -250,6 +250,15 @@ WS_SHALLOW_MAX_K = 2048
 #: non-persistent tiles and how many of their CTAs an SM holds (cudaOccupancy, read by the
 #: kernel-alone tool); the one whose CTA waves the tile count fills better runs.
 _SHORT_K_64 = (("swap_64x64x128_ws_s6_2lvl", 2), ("swap_64x64x128_c2x1_ws_s4_2lvl", 3))
+#: Two-level accumulation at 65..SWAP_MAX_M tokens where no large data-parallel tile fills the
+#: waves: the swap-AB 128 x 64 stream-K tile when N / 128 x ceil(M / 64) of them fit one wave,
+#: else the 128 x 128 stream-K tile without a split when it has a wave of tiles. Decode chains on
+#: an H100 (16 dependent GEMMs, µs, against the 128 x 128 tile with CUTLASS's stream-K
+#: decomposition, and XLA's FP8 dot): 96 x 8192 x 8192 35.2 against 43.6 (XLA 39.7), 128 x 8192 x
+#: 8192 35.9 against 44.7 (37.0); 96 / 128 x 28672 x 8192, no split: 99.1 / 101.3 against 101.8 /
+#: 105.0 (94.7 / 98.0). At 256 tokens the stream-K decomposition stays (28672 x 8192: 144.1
+#: against 156.6 without a split and 164.2 for the swap tile).
+SWAP_MAX_M = 128
 #: CUTLASS's stream-K heuristic decomposition (passed as splits=0 to the kernel).
 STREAM_K_HEURISTIC = 0
 # Candidates in order of preference (measured per-tile speed on an H200, benchmarks/sweep.py,
@@ -287,7 +296,8 @@ def select_config(problem: GemmProblem, sm_count: int, *, fast_accum: bool = Fal
   (M = 33..64); fewer than a third of the SMs' worth of 64-row tiles
   (SPLIT_BELOW_SM_FRACTION): 128-row tiles with K split until the weight stream covers the SMs. Otherwise: the first large tile of the
   requested accumulation mode (128x192 then 128x128 for two-level; 128x256, 128x192, 128x128
-  ping-pong for fast) whose grid has a useful fraction >= MIN_USEFUL_FRACTION, else stream-K.
+  ping-pong for fast) whose grid has a useful fraction >= MIN_USEFUL_FRACTION, else stream-K
+  (two-level up to SWAP_MAX_M tokens: the swap-AB 128x64 tile or no split, see SWAP_MAX_M).
   """
   if sm_count <= 0:
     raise ValueError(f"sm_count must be positive, got {sm_count}")
@@ -343,6 +353,15 @@ def select_config(problem: GemmProblem, sm_count: int, *, fast_accum: bool = Fal
         if num_tiles(problem, c) >= sm_count and useful_fraction(problem, c, sm_count) >= MIN_USEFUL_FRACTION:
           cfg = c
           break
+      if cfg.stream_k and not fast_accum and m <= SWAP_MAX_M:
+        # Batched decode, 65..128 tokens: swap-AB 128 x 64 tiles (two token tiles) while the weight
+        # rows give at most one wave of them, else the 128 x 128 tile data-parallel when it fills
+        # a wave (see SWAP_MAX_M).
+        swap = CONFIGS["swap_128x64x128_coop_streamk_2lvl"]
+        if num_tiles(problem, swap) <= sm_count:
+          cfg = swap
+        elif splits is None and num_tiles(problem, cfg) >= sm_count:
+          splits = 1
       if cfg.stream_k and splits is None:
         splits = STREAM_K_HEURISTIC
   return cfg, resolve_splits(problem, cfg, sm_count, splits)
