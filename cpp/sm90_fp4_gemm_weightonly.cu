@@ -380,16 +380,18 @@ WoCta weightonly_tc_pick(int64_t m, int64_t n, int64_t k, WoScale scale) {
   const int64_t blocks = n / 64;
   const bool wide = n % 128 == 0 && n / 128 >= 132;
   auto shape = [](int32_t rows, int32_t tokens, int32_t k_warps) { return WoCta{rows, tokens, k_warps}; };
-  if (m <= 32) return blocks >= 128 ? shape(64, 32, 16) : WoCta{};
+  const bool fits_256 = n % 256 == 0 && n / 256 >= 96;
+  if (m <= 32) return fits_256 ? shape(256, 64, 4) : (blocks >= 128 ? shape(64, 32, 16) : WoCta{});
   if (m <= 64) {
-    if (blocks >= 192) return n % 256 == 0 && n / 256 >= 96 ? shape(256, 64, 4) : shape(64, 64, 8);
+    if (blocks >= 192) return fits_256 ? shape(256, 64, 4) : shape(64, 64, 8);
     if (blocks >= 96 && blocks <= 132) return shape(64, 64, 16);
     return blocks > 132 && m > 48 ? shape(64, 64, 8) : WoCta{};
   }
   if (blocks < 32) return WoCta{};
   if (m <= 128) {
     if (wide) return shape(128, 128, 4);
-    return blocks > 132 ? shape(64, 128, 4) : (blocks >= 96 ? shape(64, 128, 8) : shape(64, 64, 16));
+    // Two token tiles of 64 x 64 CTAs past one wave: 64 x 128 tiles instead.
+    return blocks > 132 ? shape(64, 128, 4) : (2 * blocks > 132 ? shape(64, 128, 8) : shape(64, 64, 16));
   }
   return wide || n % 128 != 0 ? shape(64, 128, 4) : shape(128, 128, 4);
 }

@@ -490,7 +490,8 @@ def test_pick_cta():
   assert wo.pick_cta(16, 4096, 14336, "mxfp4") == (16, 16, 8)
   # the tensor-core kernel from 17 tokens where N gives at least 128 blocks of 64 rows; the
   # shape follows how its CTAs fill the SMs (pick_tc)
-  assert wo.pick_cta(17, 28672, 8192, "nvfp4") == (64, 32, 16)
+  assert wo.pick_cta(17, 28672, 8192, "nvfp4") == (256, 64, 4)
+  assert wo.pick_cta(17, 8192, 8192, "nvfp4") == (64, 32, 16)
   assert wo.pick_cta(24, 8192, 8192, "mxfp6_e2m3") == (64, 32, 16)
   assert wo.pick_cta(24, 4096, 14336, "nvfp4")[1] == 16
   assert wo.pick_cta(33, 28672, 8192, "nvfp4") == (256, 64, 4)
@@ -503,6 +504,8 @@ def test_pick_cta():
   assert wo.pick_cta(65, 28672, 8192, "mxfp4") == (128, 128, 4)
   assert wo.pick_cta(100, 14336, 4096, "nvfp4") == (64, 128, 4)
   assert wo.pick_cta(127, 4096, 14336, "mxfp6_e2m3") == (64, 64, 16)
+  assert wo.pick_cta(128, 4224, 27648, "nvfp4") == (64, 64, 16)  # 2 x 66 CTAs: one wave
+  assert wo.pick_cta(128, 5120, 27648, "nvfp4") == (64, 128, 8)  # 2 x 80 would not be
   assert wo.pick_cta(200, 8192, 8192, "nvfp4") == (128, 128, 4)
   assert wo.pick_cta(200, 28672, 8192, "nvfp4") == (64, 128, 4)
   assert wo.pick_cta(200, 1024, 8192, "nvfp4")[1] == 16  # fewer than 32 blocks of 64 rows
@@ -543,8 +546,8 @@ def test_pick_cta_matches_the_cpp_rule():
   e = _backend.ext()
   if e is None or not e.cuda_built() or not hasattr(e, "weightonly_pick"):
     pytest.skip("jax_gmma extension not built with CUDA kernels (source tree / no nvcc)")
-  strips = (1, 3, 4, 127, 128, 255, 256, 257, 383, 384, 511, 512, 513, 528, 532, 767, 768, 1023,
-            1024, 1025, 1028, 1536, 1584, 1792)
+  strips = (1, 3, 4, 127, 128, 255, 256, 257, 264, 268, 320, 383, 384, 511, 512, 513, 528, 532, 767,
+            768, 1023, 1024, 1025, 1028, 1536, 1584, 1792)
   for fmt in wo.WEIGHT_FORMATS:
     for m in (1, 2, 8, 9, 15, 16, 17, 32, 33, 48, 49, 64, 65, 127, 128, 129, 200, 256):
       for n in [16 * s for s in strips]:

@@ -1119,7 +1119,8 @@ def pick_tc(m: int, n: int) -> Optional[tuple]:
   fill 132 SMs: where N gives few 64-row blocks, CTAs with more warp groups along K.
 
   * 17-32 tokens, N >= 8192: 64 x 32 tiles, 4 K phases (8192 x 8192: 26.4 us against 32.5 for
-    mma.sync; MXFP6 28672 x 8192: 104 against 147).
+    mma.sync; MXFP6 28672 x 8192: 104 against 147), 256 x 64 tiles where N gives at least 96 of
+    them (28672 x 8192 at 32 tokens: 88.1 against 94.7).
   * 33-64 tokens: 256 x 64 tiles where N gives at least 96 of them (28672 x 8192: 88.8 us),
     64 x 64 tiles with 2 K phases from N = 12288 (14336 x 4096: 28.7 against 40-45; 16384 x
     8192: 52.0 against 68.3 for 128 x 64), with 4 K phases where N gives 96-132 of them (8192 x
@@ -1128,20 +1129,22 @@ def pick_tc(m: int, n: int) -> Optional[tuple]:
     41.8 against 58.3).
   * 65-128 tokens: 128 x 128 tiles where N gives at least 132 of them (28672 x 8192: 124.8 us
     against 200 for 64 x 128 with 2 K phases); else 64 x 128 with 1 K phase above 132 blocks
-    (14336 x 4096: 36.5 against 55.0), 2 K phases from 96 (8192 x 8192: 53.2 against 57.1),
-    and below 64 x 64 tiles with 4 K phases (4096 x 14336: 58.0 against 94.2); mma.sync below
-    32 blocks (N < 2048), here and above 128 tokens.
+    (14336 x 4096: 36.5 against 55.0), 2 K phases where the 64 x 64 tiles' two token tiles would
+    pass one wave (8192 x 8192: 53.2 against 57.1; 5120 x 27648 at 128 tokens: 166.3 against
+    209.0), and else 64 x 64 tiles with 4 K phases (4096 x 14336: 58.0 against 94.2, 87.8 for 64
+    x 128); mma.sync below 32 blocks (N < 2048), here and above 128 tokens.
   * 129-256 tokens: 128 x 128 tiles where N gives fewer than 132 (8192 x 8192, 256 tokens:
     64.3 us against 69.3), else 64 x 128 (28672 x 8192: 222 against 246)."""
   if m <= 16 or n % 64 or n // 64 > MAX_ROW_BLOCKS:
     return None
   blocks = n // 64
   wide = n % 128 == 0 and n // 128 >= 132
+  fits_256 = n % 256 == 0 and n // 256 >= 96
   if m <= 32:
-    return (64, 32, 16) if blocks >= 128 else None
+    return (256, 64, 4) if fits_256 else (64, 32, 16) if blocks >= 128 else None
   if m <= 64:
     if blocks >= 192:
-      return (256, 64, 4) if n % 256 == 0 and n // 256 >= 96 else (64, 64, 8)
+      return (256, 64, 4) if fits_256 else (64, 64, 8)
     if 96 <= blocks <= 132:
       return (64, 64, 16)
     return (64, 64, 8) if blocks > 132 and m > 48 else None
@@ -1150,7 +1153,7 @@ def pick_tc(m: int, n: int) -> Optional[tuple]:
   if m <= 128:
     if wide:
       return (128, 128, 4)
-    return (64, 128, 4) if blocks > 132 else (64, 128, 8) if blocks >= 96 else (64, 64, 16)
+    return (64, 128, 4) if blocks > 132 else (64, 128, 8) if 2 * blocks > 132 else (64, 64, 16)
   return (128, 128, 4) if n % 128 == 0 and not wide else (64, 128, 4)
 
 
