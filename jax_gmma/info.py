@@ -29,7 +29,7 @@ def weightonly_path(devs) -> str:
     if target not in _registrations():
       return f"ERROR: the built library has no {target} handler (an older library); rebuild it"
   return (f"CUDA kernels (FP4/FP6 widened to bf16 in registers, XLA FFI {WEIGHTONLY_TARGET}: "
-          "sm90a mma.sync, 8 / 16 tokens per CTA; from 17, 33, 49 or 65 tokens by N: sm90a "
+          "sm90a mma.sync, 8 / 16 tokens per CTA; from 17, 33 or 65 tokens by N: sm90a "
           "wgmma with the weights as its register operand and x tiled for its bulk copies "
           f"({TILE_X_TARGET}), 32 / 64 / 128 tokens per CTA, the shape by how its CTAs fill the "
           f"SMs; M >= {PREFILL_MIN_M}: {UNPACK_TARGET} + a bf16 GEMM; FP8 x and MX weights from "

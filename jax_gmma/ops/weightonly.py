@@ -1241,7 +1241,7 @@ def weightonly_gemm(x, w: PackedWeight, *, x_scale=None, bias=None, out_dtype=No
       ("auto" never rounds the weights).
 
   The kernel path is two kernels on the same prepared weight: the mma.sync decode kernel (it
-  streams the weights at HBM speed at a few tokens) and, from 17, 33, 49 or 65 tokens by N, the
+  streams the weights at HBM speed at a few tokens) and, from 17, 33 or 65 tokens by N, the
   tensor-core kernel (the decoded weights are wgmma's register operand, 32 / 64 / 128 tokens per
   CTA tile; :func:`pick_tc`). Both are correct for any M. All paths multiply the same exact operands; the bf16 ones accumulate in float32, the
   FP8 GEMM in the tensor cores' narrower accumulator within each 128 of K and in float32 across
