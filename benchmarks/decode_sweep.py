@@ -308,6 +308,35 @@ def misses(row, name):
   return None if g is None else r < g
 
 
+#: Token bands of the goal summary (the bands of GOALS).
+BANDS = ((1, 16), (17, 64), (65, 256))
+
+
+def goal_summary(rows, names):
+  """Markdown lines: per format with a goal and per token band, the cells that meet it, the
+  range and the median of the ratio the goal is stated in (mxfp8: against our fp8_channel)."""
+  out = ["| format | ratio to | " + " | ".join(f"{lo}-{hi} tokens" for lo, hi in BANDS) + " |",
+         "|---|---|" + "---|" * len(BANDS)]
+  for nm in names:
+    if nm not in GOALS and nm != "mxfp8":
+      continue
+    cells = []
+    for lo, hi in BANDS:
+      vals = []
+      for r in rows:
+        if lo <= r["m"] <= hi and misses(r, nm) is not None:
+          v = ratio(r, nm) / (ratio(r, "fp8_channel") if nm == "mxfp8" else 1.0)
+          vals.append((v, not misses(r, nm)))
+      if not vals:
+        cells.append("-")
+        continue
+      vs = sorted(v for v, _ in vals)
+      cells.append(f"{sum(ok for _, ok in vals)} / {len(vals)} meet; {vs[0]:.2f}-{vs[-1]:.2f}x, "
+                   f"median {vs[len(vs) // 2]:.2f}x")
+    out.append(f"| {nm} | {'our fp8_channel' if nm == 'mxfp8' else 'XLA FP8'} | " + " | ".join(cells) + " |")
+  return out
+
+
 def markdown(meta, rows):
   extra = sorted({nm for r in rows for nm in r["us"] if "/" in nm})
   names = [nm for nm in (*OURS, *extra, "bf16", "jnn_mxfp8", TORCH_FP8)
@@ -336,6 +365,8 @@ def markdown(meta, rows):
     out.append(f"| {r['n']} x {r['k']} | {r['m']} | {xla:.1f} | " if xla else
                f"| {r['n']} x {r['k']} | {r['m']} | - | ")
     out[-1] += " | ".join(cells) + " |"
+  out += ["", "Goals per token band (cells that meet their goal; the range and median of the ratio):", "",
+          *goal_summary(rows, names)]
   bps = hbm_bps(meta["device"])
   out += ["", "Ceilings: the most each row could reach against the measured XLA FP8 time, XLA µs / "
           f"the row's physical floor (bytes / {bps / 1e12:.2f} TB/s or FLOPs / "

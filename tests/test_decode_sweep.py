@@ -48,7 +48,8 @@ def test_tiny_sweep_writes_checked_results(tmp_path):
     assert max(r["rel_err"].values()) < decode_sweep.TOL
     assert {"fp8_channel", "wo:nvfp4", "xla_fp8", "bf16"} <= set(r["us"])
   md = (out / "decode_sweep.md").read_text()
-  assert "| 128 x 256 | 20 |" in md and "Ceilings" in md
+  assert "| 128 x 256 | 20 |" in md and "Ceilings" in md and "Goals per token band" in md
+  assert "| wo:nvfp4 | XLA FP8 |" in md
   # No CUDA torch here: the torch peers are skipped with a note saying why, never an error.
   assert data["meta"]["torch"].startswith("skipped") and data["meta"]["torch_4bit"]
   assert decode_sweep.TORCH_FP8 not in data["rows"][0]["us"]
