@@ -11,7 +11,7 @@ GEMMs, one process, one GPU.
 Writes DIR/bench_moe.json (every cell: metadata, measurements, checks, reasons), DIR/bench_moe.md
 (one table per preset and phase, also printed) and DIR/bench_moe.png (speed relative to
 jax.lax.ragged_dot bf16 per cell; only when matplotlib is importable); the JSON and markdown are
-rewritten after each impl (marked partial until the end), so a run stopped early keeps the cells
+rewritten after each cell (marked partial until the end), so a run stopped early keeps the cells
 it finished. ``--report DIR`` is the
 same as ``--out DIR``. Exit status 1 when a correctness check of ours fails or ours crashes
 (after writing everything; the other cells still run), 2 on bad usage (a model preset on a
@@ -112,6 +112,7 @@ Fields (JSON rows)
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -657,16 +658,16 @@ def bench_preset(run: Run, preset: Preset, progress=None):
         bench_cell(run, impl, preset, c, weights, inputs[c], ghost[c], checks[c])
       except Exception as e:  # noqa: BLE001
         record_error(run, impl, preset, c, e, ghost[c])
+      _progress(run, preset, progress)
     del weights
     run.compiled.clear()
     gc.collect()
-    _progress(run, preset, progress)
   run.sources.clear()
   add_ratios([r for r in run.rows if r["preset"] == preset.name])
 
 
 def _progress(run: Run, preset: Preset, progress):
-  """After each impl: the preset's ratios so far, then ``progress()`` (the partial report)."""
+  """After each cell: the preset's ratios so far, then ``progress()`` (the partial report)."""
   if progress is not None:
     add_ratios([r for r in run.rows if r["preset"] == preset.name])
     progress()
@@ -934,13 +935,19 @@ def markdown(data) -> str:
         f"XLA_FLAGS={meta['xla_flags']!r}",
         f"- chains of expert MLPs in one jitted program ({meta['layers']} layers per decode chain, "
         f"{meta['prefill_layers']} per prefill call; 2 grouped GEMMs each), {meta['sets']} input sets, "
-        f"median of {meta['repeats']} repeats (>= {meta['repeat_ms']} ms); µs per grouped GEMM; "
+        f"median of {_span(meta, 'repeats')} repeats (>= {_span(meta, 'repeat_ms')} ms); µs per grouped GEMM; "
         "TFLOP/s of active FLOPs; GB/s of the active experts' weights (decode)",
         "- vs bf16 = t(lax.ragged_dot bf16) / t(impl); vs XLA FP8 = t(fastest xla_fp8_* spelling) / "
         "t(impl); vs dense = t(our dense GEMM of the same FLOPs and format) / t(impl): > 1 means "
         "the impl is faster",
         "- rel err: sampled rows against the float64 product of the impl's own dequantized operands "
         "(fresh inputs); quant err: against the unquantized bf16 operands", ""]
+  if meta.get("runs"):
+    dates = sorted(r["date"][:10] for r in meta["runs"])
+    at = next(i for i, line in enumerate(L) if line.startswith("- device:"))
+    L.insert(at + 1, f"- merged from {len(meta['runs'])} runs on this device "
+             f"({dates[0]} to {dates[-1]}), a later run's cell replacing an earlier one's; each "
+             "run's command line is under `runs` in the JSON")
   if meta["backend"] != "gpu":
     L += ["> backend is not a GPU: ours is the pure-JAX reference, torch is skipped; the times are "
           "a plumbing check, not a performance measurement.", ""]
@@ -977,6 +984,12 @@ def markdown(data) -> str:
   return "\n".join(L)
 
 
+def _span(meta, key: str) -> str:
+  """A timing setting of the report: one value, or the range over a merged report's runs."""
+  vals = sorted({r[key] for r in meta.get("runs") or [] if r.get(key) is not None} or {meta[key]})
+  return f"{vals[0]:g}" if len(vals) == 1 else f"{vals[0]:g}-{vals[-1]:g}"
+
+
 def plot(path, rows):
   """One panel per (preset, phase): each impl's speed relative to lax.ragged_dot bf16 per cell.
   Returns why no plot was written (None when it was)."""
@@ -992,9 +1005,11 @@ def plot(path, rows):
       panels.setdefault((r["preset"], r["phase"]), []).append(r)
   if not panels:
     return f"plot skipped (no cell has a {LAX_BF16} time)"
-  fig, axes = plt.subplots(len(panels), 1, figsize=(11, 3.6 * len(panels)), squeeze=False)
+  fig, axes = plt.subplots(len(panels), 1, figsize=(13, 3.6 * len(panels)), squeeze=False)
   for ax, ((p, phase), pr) in zip(axes[:, 0], panels.items()):
-    cells = list(dict.fromkeys((r["tokens"], r["routing"]) for r in pr))
+    routings = list(dict.fromkeys(r["routing"] for r in pr))
+    cells = sorted(dict.fromkeys((r["tokens"], r["routing"]) for r in pr),
+                   key=lambda c: (c[0], routings.index(c[1])))
     impls = [i for i in IMPLS if any(r["impl"] == i for r in pr)]
     width = 0.8 / max(1, len(impls))
     for j, impl in enumerate(impls):
@@ -1008,7 +1023,7 @@ def plot(path, rows):
     ax.set_xticklabels([f"T={t} {r}" for t, r in cells], fontsize=8)
     ax.set_ylabel("speed vs lax.ragged_dot bf16")
     ax.set_title(f"{p} {phase}: higher is faster", fontsize=10)
-    ax.legend(fontsize=7, ncol=3)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
   return save_plot(plt, fig, path)
 
 
@@ -1083,32 +1098,61 @@ def _out_dir_hidden(argv):
   return [("DIR" if i and argv[i - 1] in ("--out", "--report") else a) for i, a in enumerate(argv)]
 
 
+_CELL_NOTE = re.compile(r"^(\S+) (decode|prefill) T=(\d+) (\S+) (\S+?):? ")
+
+
+def _note_holds(note: str, run: int, source) -> bool:
+  """Whether run ``run``'s note belongs in a merged report: a note on one cell only while that
+  cell's row comes from this run; never a run-wide note on the plot (the merged report draws its
+  own), and one on the torch peers only while no run measured them."""
+  if note.startswith("plot skipped"):
+    return False
+  if note.startswith("torch peers"):
+    return not any(k[4] in (TORCH_BF16, TORCH_FP8) for k in source)
+  m = _CELL_NOTE.match(note)
+  if not m:
+    return True
+  preset, phase, tokens, routing, impl = m.groups()
+  return source.get((preset, phase, int(tokens), routing, impl)) == run
+
+
 def merged(datas):
   """Several runs' reports as one: rows keyed by (preset, phase, tokens, routing, impl), a later
-  run's row replacing an earlier one's; rows ordered by preset, then by impl within the preset,
-  as they first appear; the ratios recomputed per preset; the first run's metadata, with each
-  run's command line, date, wall time and completeness under ``runs``. Raises ValueError for
-  runs on different device kinds (their ratios would mix devices)."""
+  run's row replacing an earlier one's; rows ordered by preset and impl as they first appear,
+  then by cell (decode before prefill, tokens, routing as routings first appear), as one run
+  orders them; the ratios recomputed per preset; the first run's metadata, with each run's
+  command line, date, wall time and completeness under ``runs`` (a merged report's own runs
+  listed one by one). Raises ValueError for runs on different device kinds (their ratios would
+  mix devices)."""
   kinds = list(dict.fromkeys(d["meta"]["device_kind"] for d in datas))
   if len(kinds) > 1:
     raise ValueError(f"bench_moe --merge: the runs must be on one device kind, got {', '.join(kinds)}")
-  by_key = {}
-  for d in datas:
+  by_key, source = {}, {}
+  for i, d in enumerate(datas):
     for r in d["rows"]:
-      by_key[(r["preset"], r["phase"], r["tokens"], r["routing"], r["impl"])] = dict(r)
+      key = (r["preset"], r["phase"], r["tokens"], r["routing"], r["impl"])
+      by_key[key], source[key] = dict(r), i
   presets = list(dict.fromkeys(k[0] for k in by_key))
+  routings = list(dict.fromkeys(k[3] for k in by_key))
   impls = {p: list(dict.fromkeys(k[4] for k in by_key if k[0] == p)) for p in presets}
   rows = sorted(by_key.values(),
-                key=lambda r: (presets.index(r["preset"]), impls[r["preset"]].index(r["impl"])))
+                key=lambda r: (presets.index(r["preset"]), impls[r["preset"]].index(r["impl"]),
+                               r["phase"] != "decode", r["tokens"], routings.index(r["routing"])))
   for p in presets:
     add_ratios([r for r in rows if r["preset"] == p])
+  runs = []
+  for d in datas:
+    m = d["meta"]
+    timing = dict(repeats=m.get("repeats"), repeat_ms=m.get("repeat_ms"))
+    runs += [dict(timing, **r) for r in m.get("runs") or
+             [dict(argv=_out_dir_hidden(m.get("argv")), date=m["date"], wall_s=m.get("wall_s"),
+                   complete=m.get("complete", True))]]
   meta = {k: v for k, v in datas[0]["meta"].items() if k != "argv"}
   meta.update(presets=presets, complete=all(d["meta"].get("complete", True) for d in datas),
-              runs=[dict(argv=_out_dir_hidden(d["meta"].get("argv")), date=d["meta"]["date"],
-                         wall_s=d["meta"].get("wall_s"), complete=d["meta"].get("complete", True))
-                    for d in datas],
-              wall_s=round(sum(d["meta"].get("wall_s") or 0 for d in datas), 1))
-  notes = list(dict.fromkeys(n for d in datas for n in d["notes"]))
+              runs=runs, wall_s=round(sum(r.get("wall_s") or 0 for r in runs), 1),
+              date=max(r["date"] for r in runs))
+  notes = list(dict.fromkeys(n for i, d in enumerate(datas) for n in d["notes"]
+                             if _note_holds(n, i, source)))
   failures = list(dict.fromkeys(f for d in datas for f in d["failures"]))
   return dict(meta=meta, rows=rows, notes=notes, failures=failures)
 
@@ -1139,7 +1183,7 @@ def main(argv=None) -> int:
           f"kernels built: {_backend.kernels_built()}, torch: {run.torch.version or run.torch.note}")
   t_start = run.begin("jax_gmma.ragged_dot")
   for i, name in enumerate(args.presets):
-    # the report is rewritten after each impl: an interrupted run keeps every cell it finished
+    # the report is rewritten after each cell: an interrupted run keeps every cell it finished
     partial = functools.partial(report, args, run, t_start, done=args.presets[:i + 1],
                                 no_plot=True, complete=False)
     try:

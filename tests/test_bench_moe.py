@@ -124,7 +124,11 @@ def test_merge_joins_runs_into_one_report(quick, tmp_path):
   got = json.loads((merged_dir / "bench_moe.json").read_text())
   assert got["rows"] == data["rows"]  # order, the later run's cell, the recomputed ratios
   assert got["meta"]["wall_s"] == 3.0 and len(got["meta"]["runs"]) == 2 and "argv" not in got["meta"]
-  assert (merged_dir / "bench_moe.md").read_text() == (out / "bench_moe.md").read_text()
+  md = (merged_dir / "bench_moe.md").read_text().splitlines()
+  merged_line = [i for i, line in enumerate(md) if line.startswith("- merged from 2 runs on this device")]
+  assert len(merged_line) == 1 and md[merged_line[0] - 1].startswith("- device:")
+  del md[merged_line[0]]
+  assert md == (out / "bench_moe.md").read_text().splitlines()
   other = tmp_path / "other"
   other.mkdir()
   (other / "bench_moe.json").write_text(json.dumps(dict(data, meta=dict(data["meta"], device_kind="X"))))
@@ -247,3 +251,32 @@ def test_quick_run_on_a_gpu(tmp_path):
       assert row["status"] == "unavailable" or row["path"] == "kernel", row
     if row["status"] == "ok":
       assert row["rel_err"] <= row["tol"], row
+
+
+def test_merge_keeps_the_notes_of_the_rows_it_keeps(quick, tmp_path):
+  """A note on one cell goes with that cell's row: dropped when a later run replaced the row;
+  a run-wide note on the plot is dropped (the merge draws its own), one on the torch peers
+  kept while no run measured them; the timing settings of the runs show as a range."""
+  out, data, _ = quick
+  row = next(r for r in data["rows"] if r.get("status") == "ok")
+  cell = f"{row['preset']} {row['phase']} T={row['tokens']} {row['routing']} {row['impl']}"
+  early = dict(data, meta=dict(data["meta"], repeats=10, repeat_ms=20.0),
+               notes=[f"{cell}: rel_err 3e-02 > tolerance 2e-02", "plot skipped (no cell)",
+                      "torch peers: skipped (--no-torch)", "a run-wide remark"])
+  late = dict(data, rows=[row], notes=[f"{cell} failed: something else"])
+  dirs = []
+  for i, d in enumerate((early, late)):
+    p = tmp_path / f"run{i}"
+    p.mkdir()
+    (p / "bench_moe.json").write_text(json.dumps(d))
+    dirs.append(str(p))
+  r = subprocess.run([sys.executable, "-P", SCRIPT, "--merge", ",".join(dirs), "--out",
+                      str(tmp_path / "m"), "--no-plot"], env=_env(), capture_output=True, text=True,
+                     timeout=120)
+  assert r.returncode == 0, r.stderr[-2000:]
+  got = json.loads((tmp_path / "m" / "bench_moe.json").read_text())
+  assert got["notes"] == ["torch peers: skipped (--no-torch)", "a run-wide remark",
+                          f"{cell} failed: something else"]
+  md = (tmp_path / "m" / "bench_moe.md").read_text()
+  lo, hi = sorted({data["meta"]["repeats"], 10})
+  assert f"median of {lo}-{hi} repeats" in md
