@@ -206,8 +206,9 @@ def select_config(problem: GroupedProblem, sm_count: int) -> str:
   """The config for a problem. Experts with a prefill kernel (:func:`takes_prefill`) averaging
   at least PREFILL_MIN_ROWS rows (M / min(G, M)) take CUTLASS's grouped tensor-core kernel, in
   128-row tiles from PREFILL_128_MIN_ROWS and 64-row ping-pong tiles below; everything else
-  streams the weights (:func:`stream_config`, measured). The prefill thresholds and tile
-  choice are first rules: only the 128x128 tiles have been timed on grouped problems."""
+  streams the weights (:func:`stream_config`). The 128-row threshold was measured (above). The
+  choice sees M and G only (the group sizes stay on the device), so a skewed routing whose hot
+  expert holds many rows still streams when the average is small."""
   avg = problem.m / max(min(problem.g, problem.m), 1)
   if takes_prefill(problem) and avg >= PREFILL_MIN_ROWS:
     # (128-row tiles, 64-row tiles) of the format's prefill kind
