@@ -97,6 +97,55 @@ struct XStep {
   typename S::Word s[NT][2];
 };
 
+// K step math shared by the streaming kernels (stream_tile below, the bulk-copy ring of
+// cpp/include/jax_gmma/fp8_stream_bulk.cuh): the step's first nb blocks (nb = 4 but in the tail
+// step), per scale group into a fresh fragment, then acc += (sb * sa) * part. The tail step's
+// scales are those of its (partial) last group.
+template <class S, int NT, bool kExact>
+__device__ __forceinline__ void mma_blocks(float (&acc)[NT][4], const WStep<S>& w, const XStep<S, NT>& x,
+                                           int nb) {
+#pragma unroll
+  for (int grp = 0; grp < 4 / S::kGroup; ++grp) {
+    const int b0 = grp * S::kGroup;
+    if (b0 >= nb) break;
+    const float f0 = S::template scale<kExact>(w.s[0], grp);
+    const float f1 = S::template scale<kExact>(w.s[1], grp);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      float part[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int b = b0; b < b0 + S::kGroup; ++b)
+        if (b < nb)
+          mma_e4m3(part, w.w[0][b].x, w.w[1][b].x, w.w[0][b].y, w.w[1][b].y, x.x[nt][b].x,
+                   x.x[nt][b].y);
+      const float e0 = S::template scale<kExact>(x.s[nt][0], grp);
+      const float e1 = S::template scale<kExact>(x.s[nt][1], grp);
+      acc[nt][0] = fmaf(part[0], f0 * e0, acc[nt][0]);
+      acc[nt][1] = fmaf(part[1], f0 * e1, acc[nt][1]);
+      acc[nt][2] = fmaf(part[2], f1 * e0, acc[nt][2]);
+      acc[nt][3] = fmaf(part[3], f1 * e1, acc[nt][3]);
+    }
+  }
+}
+
+// A whole K step: the fast scale conversion unless a scale of the step needs the exact one.
+template <class S, int NT>
+__device__ __forceinline__ void mma_step(float (&acc)[NT][4], const WStep<S>& w, const XStep<S, NT>& x) {
+  if constexpr (S::kSpecial) {
+    uint32_t sp = S::special(w.s[0]) | S::special(w.s[1]);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) sp |= S::special(x.s[nt][0]) | S::special(x.s[nt][1]);
+    // One path for the whole warp: mma.sync needs every lane (a per-lane choice between two
+    // copies of the MMAs hung the GPU on a step where only some lanes needed the exact one).
+    if (!__any_sync(0xFFFFFFFFu, sp != 0))
+      mma_blocks<S, NT, false>(acc, w, x, 4);
+    else
+      mma_blocks<S, NT, true>(acc, w, x, 4);
+  } else {
+    mma_blocks<S, NT, false>(acc, w, x, 4);
+  }
+}
+
 // One CTA's tile: weight rows row0 .. row0 + 15 times tokens tok0 .. tok0 + NT * 8 - 1 (those
 // below o.m stored). Shared by the dense kernel (one tile per CTA) and the grouped one (an
 // expert's token tiles in turn; the caller separates two tiles with __syncthreads()).
@@ -155,34 +204,6 @@ __device__ __forceinline__ void stream_tile(const Params<S>& p, const int64_t ro
     }
   };
 
-  auto blocks = [&](const WStep<S>& w, const XStep<S, NT>& x, auto exact, int nb) {
-    constexpr bool kExact = decltype(exact)::value;
-#pragma unroll
-    for (int grp = 0; grp < 4 / S::kGroup; ++grp) {
-      const int b0 = grp * S::kGroup;
-      if (b0 >= nb) break;
-      const float f0 = S::template scale<kExact>(w.s[0], grp);
-      const float f1 = S::template scale<kExact>(w.s[1], grp);
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        float part[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-        for (int b = b0; b < b0 + S::kGroup; ++b)
-          if (b < nb)
-            mma_e4m3(part, w.w[0][b].x, w.w[1][b].x, w.w[0][b].y, w.w[1][b].y, x.x[nt][b].x,
-                     x.x[nt][b].y);
-        const float e0 = S::template scale<kExact>(x.s[nt][0], grp);
-        const float e1 = S::template scale<kExact>(x.s[nt][1], grp);
-        acc[nt][0] = fmaf(part[0], f0 * e0, acc[nt][0]);
-        acc[nt][1] = fmaf(part[1], f0 * e1, acc[nt][1]);
-        acc[nt][2] = fmaf(part[2], f1 * e0, acc[nt][2]);
-        acc[nt][3] = fmaf(part[3], f1 * e1, acc[nt][3]);
-      }
-    }
-  };
-  using Fast = std::integral_constant<bool, false>;
-  using Exact = std::integral_constant<bool, true>;
-
   // The whole steps: this warp's are warp, warp + WK, ...; weights kDepth steps ahead in a
   // register ring, activations one step ahead.
   const int64_t nsteps = warp_ksteps<WK>(ksteps, warp);
@@ -192,23 +213,7 @@ __device__ __forceinline__ void stream_tile(const Params<S>& p, const int64_t ro
   for (int u = 0; u < kDepth; ++u)
     if (u < nsteps) load_w(warp + u * WK, wr[u], 4);
   if (nsteps > 0) load_x(warp, xr[0], 4);
-  auto step = [&](int u) {
-    const WStep<S>& w = wr[u];
-    const XStep<S, NT>& x = xr[u & 1];
-    if constexpr (S::kSpecial) {
-      uint32_t sp = S::special(w.s[0]) | S::special(w.s[1]);
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) sp |= S::special(x.s[nt][0]) | S::special(x.s[nt][1]);
-      // One path for the whole warp: mma.sync needs every lane (a per-lane choice between two
-      // copies of the MMAs hung the GPU on a step where only some lanes needed the exact one).
-      if (!__any_sync(0xFFFFFFFFu, sp != 0))
-        blocks(w, x, Fast{}, 4);
-      else
-        blocks(w, x, Exact{}, 4);
-    } else {
-      blocks(w, x, Fast{}, 4);
-    }
-  };
+  auto step = [&](int u) { mma_step<S, NT>(acc, wr[u], xr[u & 1]); };
   ring_k_loop<kDepth>(
       nsteps, [&](int64_t i, int slot) { load_x(warp + i * WK, xr[slot], 4); }, step,
       [&](int64_t i, int slot) { load_w(warp + i * WK, wr[slot], 4); });
@@ -216,7 +221,7 @@ __device__ __forceinline__ void stream_tile(const Params<S>& p, const int64_t ro
   if (tail && warp == ksteps % WK) {
     load_w(ksteps, wr[0], tail);
     load_x(ksteps, xr[0], tail);
-    blocks(wr[0], xr[0], Exact{}, tail);
+    mma_blocks<S, NT, true>(acc, wr[0], xr[0], tail);
   }
 
   // Reduction over the WK warps (fixed order: deterministic), + bias, cast, store.
