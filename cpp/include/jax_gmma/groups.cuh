@@ -40,14 +40,16 @@ struct Slot {
   int64_t begin, end;  // its global rows
   int64_t total;       // sum of the group sizes
   bool negative;       // some group size < 0
+  int64_t live;        // experts with rows in [r0, r0 + m): the slots that hold one
 };
 
 // The slot-th non-empty expert with rows in [r0, r0 + m), computed by each warp on its own (the
-// same result in every warp, no shared memory): 32 sizes per round, a warp prefix sum.
+// same result in every warp, no shared memory): 32 sizes per round, a warp prefix sum. Also the
+// sizes' total, whether one is negative, and how many experts have rows in [r0, r0 + m).
 __device__ inline Slot find_slot(const Groups& gr, int64_t r0, int64_t m, int64_t slot) {
   constexpr unsigned kAll = 0xFFFFFFFFu;
   const int lane = threadIdx.x & 31;
-  Slot s{-1, 0, 0, 0, false};
+  Slot s{-1, 0, 0, 0, false, 0};
   int64_t base = 0;  // rows of the experts before this round
   int64_t left = slot;
   bool negative = false;
@@ -63,6 +65,7 @@ __device__ inline Slot find_slot(const Groups& gr, int64_t r0, int64_t m, int64_
     }
     const int64_t end = base + incl, begin = end - size;
     unsigned live = __ballot_sync(kAll, size > 0 && end > r0 && begin < r0 + m);
+    s.live += __popc(live);
     if (s.expert < 0) {  // warp-uniform
       const int found = __popc(live);
       if (left < found) {
