@@ -52,9 +52,13 @@ KINDS = {"fp8_128x128": "blockwise_1d2d", "fp8_1x128": "blockwise_1d1d", "mxfp8"
          "fp8_channel": "fp8", "fp8_tensor": "fp8"}
 #: FP4 / FP6 expert formats (PackedWeight) of the grouped weight-only kernel
 WEIGHTONLY_FORMATS = ("nvfp4", "mxfp4", "mxfp6_e2m3", "mxfp6_e3m2")
-#: weight-streaming configs: (tokens per CTA, warps along K)
+#: weight-streaming configs: (tokens per CTA, warps along K). The ``stream_bulk_*`` ones stage
+#: the weights in shared memory with TMA bulk copies (a producer warp besides the K warps) on
+#: persistent CTAs (``cpp/include/jax_gmma/fp8_stream_bulk.cuh``); no rule picks them, a forced
+#: config runs them
 CONFIGS = {"stream_16x8_kw4": (8, 4), "stream_16x8_kw8": (8, 8), "stream_16x16_kw4": (16, 4),
-           "stream_16x16_kw8": (16, 8)}
+           "stream_16x16_kw8": (16, 8), "stream_bulk_16x8_kw4": (8, 4),
+           "stream_bulk_16x16_kw4": (16, 4)}
 #: prefill configs of the block-scaled kinds (cpp/sm90_fp8_gemm_grouped_blockwise.cu: CUTLASS's
 #: grouped GEMM with the FP8 blockwise-scaling mainloop): rows of tokens per tile
 PREFILL_CONFIGS = {"128x128x128_coop": 128, "64x128x128_pingpong": 64}
