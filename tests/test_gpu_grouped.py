@@ -107,6 +107,52 @@ def test_every_config(fmt, config, monkeypatch):
   run_case(fmt, 61, 200, k, (5, 0, 33, 1, 9), config=f"{config}", monkeypatch=monkeypatch)
 
 
+BULK_CONFIGS = sorted(c for c in gc.CONFIGS if c.startswith("stream_bulk_"))
+
+
+def _long_k(fmt):
+  """K over several shared-memory stages of the bulk kernels (1024 of K each) with a partial last
+  one, and a K % 128 tail where the format stores one (the block-scaled ones store K padded)."""
+  return 2912 if fmt in ("mxfp8", "fp8_channel", "fp8_tensor") else 2336
+
+
+@pytest.mark.parametrize("config", BULK_CONFIGS)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_bulk_configs(fmt, config, monkeypatch):
+  # long K, experts over several token tiles, an empty expert, rows past the total; then many
+  # more work items (expert strips) than CTAs over mostly empty experts, N off the 16-row strips
+  # and K within one stage with fewer steps than warps
+  run_case(fmt, 150, 200, _long_k(fmt), (40, 0, 37, 1, 9, 0, 50), bias=True, config=config,
+           monkeypatch=monkeypatch)
+  sizes = np.zeros(40, np.int64)
+  sizes[np.random.default_rng(5).choice(40, 30, replace=False)] = 9
+  run_case(fmt, 300, 1032, 256, tuple(int(v) for v in sizes), out_dtype=jnp.float32, config=config,
+           monkeypatch=monkeypatch)
+
+
+@pytest.mark.parametrize("tokens", (8, 16))
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_bulk_equals_register_ring(fmt, tokens, monkeypatch):
+  """The bulk-copy kernel runs the register-ring kernel's math in the same order (the same warp
+  per K step, the same reduction): the same bits."""
+  rng = _rng()
+  sizes = (40, 0, 37, 1, 9, 0, 50)
+  m, n, k, g = 150, 200, _long_k(fmt), len(sizes)
+  wq = _weights(fmt, jnp.asarray(rng.standard_normal((g, n, k)), jnp.float32))
+  xq = _x(fmt, rng.standard_normal((m, k)).astype(np.float32), None)
+  b = jnp.asarray(rng.standard_normal((g, n)), jnp.float32)
+  s = jnp.asarray(sizes, jnp.int32)
+  out = []
+  for config in (f"stream_16x{tokens}_kw4", f"stream_bulk_16x{tokens}_kw4"):
+    monkeypatch.setattr(gc, "select_config", lambda problem, sm_count, c=config: c)
+    # a fresh function per config: jit would reuse the executable lowered under the other one
+    f = jax.jit(lambda xq, wq, s, b: jax_gmma.ragged_dot(xq, wq, s, bias=b, out_dtype=jnp.float32))
+    assert f"_{config}" in f.lower(xq, wq, s, b).as_text()
+    out.append(np.asarray(f(xq, wq, s, b)))
+  assert np.isfinite(out[0]).all()
+  assert out[0].tobytes() == out[1].tobytes()
+
+
 @pytest.mark.parametrize("config", sorted(gc.PREFILL_CONFIGS))
 @pytest.mark.parametrize("fmt", ("fp8_128x128", "fp8_1x128", "fp8_channel", "fp8_tensor"))
 @pytest.mark.parametrize("bias", (False, True))
