@@ -240,9 +240,10 @@ def test_config_rule():
   p = lambda m, n, g, fmt="fp8_128x128": gc.GroupedProblem(m=m, n=n, k=2048, g=g, fmt=fmt)
   assert gc.select_config(p(8, 4096, 256), 132) == "stream_16x8_kw4"      # 8 slots x 256 strips
   assert gc.select_config(p(1, 1536, 128), 132) == "stream_16x8_kw8"      # 1 slot x 96 strips
-  assert gc.select_config(p(16, 4096, 32), 132) == "stream_16x16_kw4"     # ~1.3 rows per expert
+  assert gc.select_config(p(16, 4096, 32), 132) == "stream_bulk_16x8_kw4"  # ~1.3 rows per expert
   assert gc.select_config(p(15, 4096, 32), 132) == "stream_16x8_kw4"
-  assert gc.select_config(p(64, 5760, 32, "fp8_channel"), 132) == "stream_16x16_kw4"
+  assert gc.select_config(p(64, 5760, 32, "fp8_channel"), 132) == "stream_bulk_16x8_kw4"
+  assert gc.select_config(p(65, 5760, 32, "fp8_channel"), 132) == "stream_16x16_kw4"
   assert gc.select_config(p(4096, 4096, 8), 132) == "128x128x128_coop"    # 512 rows per expert
   assert gc.select_config(p(768, 4096, 8), 132) == "128x128x128_coop"     # 96 rows per expert
   assert gc.select_config(p(760, 4096, 8), 132) == "64x128x128_pingpong"  # 95 rows per expert

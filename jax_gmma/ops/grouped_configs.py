@@ -54,8 +54,7 @@ KINDS = {"fp8_128x128": "blockwise_1d2d", "fp8_1x128": "blockwise_1d1d", "mxfp8"
 WEIGHTONLY_FORMATS = ("nvfp4", "mxfp4", "mxfp6_e2m3", "mxfp6_e3m2")
 #: weight-streaming configs: (tokens per CTA, warps along K). The ``stream_bulk_*`` ones stage
 #: the weights in shared memory with TMA bulk copies (a producer warp besides the K warps) on
-#: persistent CTAs (``cpp/include/jax_gmma/fp8_stream_bulk.cuh``); no rule picks them, a forced
-#: config runs them
+#: persistent CTAs (``cpp/include/jax_gmma/fp8_stream_bulk.cuh``)
 CONFIGS = {"stream_16x8_kw4": (8, 4), "stream_16x8_kw8": (8, 8), "stream_16x16_kw4": (16, 4),
            "stream_16x16_kw8": (16, 8), "stream_bulk_16x8_kw4": (8, 4),
            "stream_bulk_16x16_kw4": (16, 4)}
@@ -182,18 +181,27 @@ def unsupported(problem: GroupedProblem):
 
 
 def stream_config(problem: GroupedProblem, sm_count: int) -> str:
-  """The weight-streaming config: 16-token CTAs with 4 warps along K once uniform routing puts
-  more than about 1.3 rows on each expert that has any (2 M >= G); else 8-token CTAs, with 8
-  warps along K while the expert slots give at most two CTAs per SM, else 4.
+  """The weight-streaming config, from the rows per expert that uniform routing gives:
 
-  Measured per grouped GEMM on an H100 (``benchmarks/grouped_stream_configs.py``: the expert
-  shapes of gpt-oss-20b and DeepSeek-V3 at 1, 16 and 64 tokens): from 16 tokens 16x16_kw4 took
-  0.69-0.93x the time of 16x8_kw4 (gpt-oss-20b 5760 x 2880 at 256 rows: 267 against 389 µs;
-  ptxas gives the 16-token kernel 166 registers against 194, so three CTAs per SM against two),
-  and the 8-warp kernels (one CTA per SM) took 1.25-1.75x. At one row per expert the 8- and
-  16-token kernels are within 8% of each other, either way."""
+  * G / 2 <= M <= 2 G (one or two rows on each expert that has any): the bulk-copy kernel with
+    8-token CTAs (``stream_bulk_16x8_kw4``);
+  * M > 2 G: the register-ring kernel with 16-token CTAs and 4 warps along K;
+  * M < G / 2 (a few experts of many hold a row): 8-token CTAs, with 8 warps along K while the
+    expert slots give at most two CTAs per SM, else 4.
+
+  Measured per grouped GEMM on an H100 (``benchmarks/grouped_stream_configs.py``, fp8_channel
+  experts of the four MoE presets at 1, 16 and 64 tokens). At one or two rows per expert the
+  bulk kernel took 0.68-0.95x the time of the register ring's 16-token CTAs (Qwen3-30B-A3B
+  gate/up at 16 tokens: 136.7 against 202.3 µs; gpt-oss-20b gate/up 224.6 against 248.1;
+  DeepSeek-V3 down at 64 tokens 217.5 against 233.1); from four rows per expert it gained at
+  most 10% and lost up to 25% (Mixtral-8x7B at 64 tokens, 16 rows per expert: 465.9 against
+  372.2 µs for its 16-token CTAs), so the register ring keeps them. From 16 tokens the
+  register ring's 16-token CTAs took 0.69-0.93x the time of its 8-token ones (ptxas gives them
+  166 registers against 194: three CTAs per SM against two) and its 8-warp kernels (one CTA
+  per SM) 1.25-1.75x. Below G / 2 rows (1 token) the bulk kernel was not faster everywhere
+  (DeepSeek-V3 down: 40.7 against 23.4 µs), so the register ring keeps them."""
   if 2 * problem.m >= problem.g:
-    return "stream_16x16_kw4"
+    return "stream_bulk_16x8_kw4" if problem.m <= 2 * problem.g else "stream_16x16_kw4"
   ctas = -(-problem.n // 16) * min(problem.g, problem.m)
   kw = 8 if ctas <= 2 * sm_count else 4
   return f"stream_16x8_kw{kw}"
