@@ -165,18 +165,6 @@ class WorkspaceCarver {
   size_t off_ = 0;
 };
 
-// The SM count the persistent grid (and CUTLASS's per-SM workspace) is sized for: GemmArgs'
-// or, when 0, the device's (an attribute query: no stream operation). 0 when neither is known.
-inline int grouped_sm_count(const GemmArgs& g) {
-  if (g.sm_count > 0) return g.sm_count;
-  int sms = 0;
-  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, g.device) != cudaSuccess) {
-    cudaGetLastError();  // not this call's error to report later
-    return 0;
-  }
-  return sms;
-}
-
 // The host checks every grouped family shares (expert bookkeeping, sizes, 16-byte rows of D of
 // `align_d` elements, the scheduler fields); nullptr when fine. Each family adds its operand
 // and K rules.

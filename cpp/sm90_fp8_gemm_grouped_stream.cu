@@ -17,8 +17,8 @@
 //    scales (float32), applied every 128 of K.
 //
 // The "_stream_bulk_*" configs run the same math with the weights staged in shared memory by TMA
-// bulk copies on persistent CTAs (cpp/include/jax_gmma/fp8_stream_bulk.cuh); no rule picks them
-// (forced configs only).
+// bulk copies on persistent CTAs (cpp/include/jax_gmma/fp8_stream_bulk.cuh); the pick takes the
+// 8-token one at one or two rows per expert (jax_gmma/ops/grouped_configs.py: stream_config).
 //
 // The group sizes never leave the device (every CTA reads them), there is no workspace, only the
 // launch: CUDA-graph safe. Any M, any N, K % 32 == 0.
@@ -66,23 +66,11 @@ GroupedParams<S> params(const GemmArgs& g, const typename S::Args& s) {
       {g.group_sizes, g.row_ids, g.groups}};
 }
 
-// The SMs the bulk kernel's persistent grid spreads over: GemmArgs' or, when 0, the device's (an
-// attribute query: no stream operation). 0 when neither is known.
-inline int sm_count(const GemmArgs& g) {
-  if (g.sm_count > 0) return g.sm_count;
-  int sms = 0;
-  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, g.device) != cudaSuccess) {
-    cudaGetLastError();  // not this call's error to report later
-    return 0;
-  }
-  return sms;
-}
-
 // One launch of the register-ring kernel (kBulk false) or the bulk-copy one.
 template <bool kBulk, class S, int NT, int WK, typename OutT>
 cudaError_t launch(const GroupedParams<S>& p, uintptr_t scale_ptrs, const GemmArgs& g, cudaStream_t stream) {
   if constexpr (kBulk)
-    return fp8_stream::launch_grouped_bulk<S, NT, WK, OutT>(p, scale_ptrs, sm_count(g), stream);
+    return fp8_stream::launch_grouped_bulk<S, NT, WK, OutT>(p, scale_ptrs, grouped_sm_count(g), stream);
   else
     return fp8_stream::launch_grouped<S, NT, WK, OutT>(p, scale_ptrs, stream);
 }

@@ -98,6 +98,18 @@ inline int64_t mx_sf_word_offset(int64_t r, int64_t j, int64_t k_atoms) {
   return ((r >> 7) * k_atoms + j) * 512 + (r & 31) * 16 + ((r >> 5) & 3) * 4;
 }
 
+// The SM count a persistent grid (and CUTLASS's per-SM workspace) is sized for: GemmArgs' or,
+// when 0, the device's (an attribute query: no stream operation). 0 when neither is known.
+inline int grouped_sm_count(const GemmArgs& g) {
+  if (g.sm_count > 0) return g.sm_count;
+  int sms = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, g.device) != cudaSuccess) {
+    cudaGetLastError();  // not this call's error to report later
+    return 0;
+  }
+  return sms;
+}
+
 // Leading dimension of a block-scale matrix with `rows` rows (see GemmArgs): 16-byte columns.
 inline int64_t block_scale_ld(int64_t rows) { return (rows + 3) / 4 * 4; }
 
