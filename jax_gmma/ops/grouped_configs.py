@@ -193,13 +193,13 @@ def stream_config(problem: GroupedProblem, sm_count: int) -> str:
   experts of the four MoE presets at 1, 16 and 64 tokens). At one or two rows per expert the
   bulk kernel took 0.68-0.95x the time of the register ring's 16-token CTAs (Qwen3-30B-A3B
   gate/up at 16 tokens: 136.7 against 202.3 µs; gpt-oss-20b gate/up 224.6 against 248.1;
-  DeepSeek-V3 down at 64 tokens 217.5 against 233.1); from four rows per expert it gained at
-  most 10% and lost up to 25% (Mixtral-8x7B at 64 tokens, 16 rows per expert: 465.9 against
-  372.2 µs for its 16-token CTAs), so the register ring keeps them. From 16 tokens the
-  register ring's 16-token CTAs took 0.69-0.93x the time of its 8-token ones (ptxas gives them
-  166 registers against 194: three CTAs per SM against two) and its 8-warp kernels (one CTA
-  per SM) 1.25-1.75x. Below G / 2 rows (1 token) the bulk kernel was not faster everywhere
-  (DeepSeek-V3 down: 40.7 against 23.4 µs), so the register ring keeps them."""
+  DeepSeek-V3 down at 64 tokens 217.5 against 233.1). From four rows per expert it gained up
+  to 13% in some cells and lost up to 25% in others (Mixtral-8x7B at 64 tokens, 16 rows per
+  expert: 465.9 against 372.2 µs), so the register ring keeps them; below G / 2 rows (1 token)
+  it was not faster everywhere (DeepSeek-V3 down: 40.7 against 23.4 µs). In an earlier run the
+  register ring's 16-token CTAs took 0.69-0.93x the time of its 8-token ones from 16 tokens
+  (ptxas gives them 166 registers against 194: three CTAs per SM against two) and its 8-warp
+  kernels (one CTA per SM) 1.25-1.75x."""
   if 2 * problem.m >= problem.g:
     return "stream_bulk_16x8_kw4" if problem.m <= 2 * problem.g else "stream_16x16_kw4"
   ctas = -(-problem.n // 16) * min(problem.g, problem.m)
